@@ -1,0 +1,213 @@
+"""Blocking client for the SARA scheduler."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from ._base import (
+    DEFAULT_BASE_URL,
+    DEFAULT_TIMEOUT_S,
+    BaseSaraClient,
+    Call,
+    ReadyResponse,
+    ReportResponse,
+    RetryPolicy,
+    error_from_transport,
+)
+from .errors import NotFoundError, SaraError
+from .models import (
+    AckResponse,
+    AddPromptsResponse,
+    Batch,
+    GroupOut,
+    HealthResponse,
+    HeartbeatResponse,
+    LeaseResponse,
+    PolicyInfo,
+    PromptIn,
+    PromptOut,
+    RolloutResult,
+    StatsResponse,
+)
+
+T = TypeVar("T")
+log = logging.getLogger("sara_client")
+
+
+class SaraClient(BaseSaraClient):
+    """Synchronous SARA client over ``httpx.Client``.
+
+    >>> with SaraClient("http://scheduler:8000", token="...") as sara:
+    ...     batch = sara.wait_for_batch(timeout_s=600)
+
+    Retryable failures (connection errors, connect timeouts, HTTP 503) are retried per ``retry``
+    (a :class:`RetryPolicy`; ``max_attempts`` and ``max_delay_s`` override its fields), sleeping
+    with ``sleep``; other errors raise at once as a :class:`~sara_client.errors.SaraError`.
+    Requests built from invalid arguments raise ``pydantic.ValidationError`` before anything is
+    sent. ``transport`` is any httpx transport (e.g. ``httpx.MockTransport`` in tests).
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        token: str | None = None,
+        timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+        retry: RetryPolicy | None = None,
+        max_attempts: int | None = None,
+        max_delay_s: float | None = None,
+        sleep: Callable[[float], Any] = time.sleep,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(base_url, token=token, timeout=timeout, retry=retry,
+                         max_attempts=max_attempts, max_delay_s=max_delay_s, rng=rng,
+                         clock=clock, headers=headers)
+        self._sleep = sleep
+        self._http = httpx.Client(**self._httpx_options(transport))
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the underlying HTTP connections."""
+        self._http.close()
+
+    def __enter__(self) -> SaraClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _send_once(self, call: Call[T]) -> T:
+        try:
+            response = self._http.request(
+                call.method, call.path, json=call.json,
+                timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT)
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc) from exc
+        return call.parse(response)
+
+    def _send(self, call: Call[T]) -> T:
+        attempt = 1
+        while True:
+            try:
+                return self._send_once(call)
+            except SaraError as exc:
+                delay = self._retry_delay(call, exc, attempt)
+                if delay is None:
+                    raise
+                log.debug("%s %s failed (%s); retry %d in %.3fs",
+                          call.method, call.path, exc, attempt, delay)
+            self._sleep(delay)
+            attempt += 1
+
+    # --- admin -----------------------------------------------------------------------------------
+
+    def add_prompts(self, prompts: Sequence[PromptIn | dict[str, Any]]) -> AddPromptsResponse:
+        """Register prompts (idempotent on ``id``); returns their ids and how many were new."""
+        return self._send(self._add_prompts_call(prompts))
+
+    def get_prompt(self, prompt_id: str) -> PromptOut:
+        """One prompt with its posterior and history."""
+        return self._send(self._get_prompt_call(prompt_id))
+
+    # --- workers ---------------------------------------------------------------------------------
+
+    def lease(self, worker_id: str, max_rollouts: int = 64, wait_s: float = 0.0,
+              backend: str | None = None) -> LeaseResponse:
+        """Lease up to ``max_rollouts`` rollouts, long-polling up to ``wait_s`` when none are ready.
+
+        ``lease_id`` is None in the answer when nothing was leased.
+        """
+        return self._send(self._lease_call(worker_id, max_rollouts, wait_s, backend))
+
+    def heartbeat(self, lease_id: str, worker_id: str) -> HeartbeatResponse:
+        """Extend a lease; the answer lists rollouts this worker should abort."""
+        return self._send(self._heartbeat_call(lease_id, worker_id))
+
+    def report(self, worker_id: str,
+               results: Sequence[RolloutResult | dict[str, Any]]) -> ReportResponse:
+        """Send rollout results; returns the group decisions and rollouts to cancel.
+
+        If the service answers 404 ``unknown_rollout`` naming ids in
+        ``detail.unknown_rollout_ids``, those results are dropped and the rest resent once; the
+        answer then is the resend's, with the dropped ids in ``unknown_rollout_ids`` (and
+        ``accepted == 0`` when nothing remained to resend). Any other 404 is raised.
+        """
+        request = self._results_request(worker_id, results)
+        try:
+            return self._send(self._report_call(request))
+        except NotFoundError as exc:
+            follow_up = self._report_follow_up(request, exc)
+            if follow_up is None:
+                raise
+        if isinstance(follow_up, ReportResponse):
+            return follow_up
+        return self._send(follow_up)
+
+    # --- trainer ---------------------------------------------------------------------------------
+
+    def next_batch(self, size: int | None = None, wait_s: float = 0.0) -> Batch | None:
+        """The next effective batch, long-polling up to ``wait_s``; None if none is ready."""
+        return self._send(self._next_batch_call(size, wait_s))
+
+    def wait_for_batch(self, size: int | None = None, timeout_s: float | None = None,
+                       poll_s: float = 30.0) -> Batch | None:
+        """Long-poll ``next_batch`` (``poll_s`` per call) until a batch comes.
+
+        Returns None once ``timeout_s`` has passed without one (``None``: wait forever).
+        """
+        deadline = self._poll_deadline(timeout_s, poll_s)
+        while True:
+            wait = self._poll_wait(deadline, poll_s)
+            started = self._clock()
+            batch = self.next_batch(size, wait_s=wait)
+            if batch is not None:
+                return batch
+            pause = self._poll_pause(deadline, wait, started)
+            if pause is None:
+                return None
+            if pause > 0:
+                self._sleep(pause)
+
+    def ack(self, batch_id: str) -> AckResponse:
+        """Confirm delivery of a batch (an unacked batch is redelivered after its timeout)."""
+        return self._send(self._ack_call(batch_id))
+
+    def get_policy(self) -> PolicyInfo:
+        """The current policy version and checkpoint."""
+        return self._send(self._get_policy_call())
+
+    def publish_policy(self, version: int, checkpoint: str | None = None) -> PolicyInfo:
+        """Publish a new policy version (must exceed the current one)."""
+        return self._send(self._publish_policy_call(version, checkpoint))
+
+    # --- operator --------------------------------------------------------------------------------
+
+    def get_group(self, group_id: str) -> GroupOut:
+        """One group's state, counts, thresholds and rollouts."""
+        return self._send(self._get_group_call(group_id))
+
+    def stats(self) -> StatsResponse:
+        """Counters, derived efficiency, queues, workers and recent batches."""
+        return self._send(self._stats_call())
+
+    def metrics(self) -> str:
+        """Prometheus text exposition."""
+        return self._send(self._metrics_call())
+
+    def health(self) -> HealthResponse:
+        """Liveness (/healthz); not retried."""
+        return self._send(self._health_call())
+
+    def ready(self) -> ReadyResponse:
+        """Readiness (/readyz), Redis included; falsy when not ready. A 503 is an answer here."""
+        return self._send(self._ready_call())

@@ -1,0 +1,353 @@
+"""Wire models shared by the scheduler and its clients.
+
+The service validates requests and serialises answers with exactly these classes, so the SDK and
+the server cannot drift apart. Request models forbid unknown fields: a typo in a field name is a
+422 that names it, not a silently ignored option.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Size limits on every body. The service turns a violation into a 422 naming the field; the raw
+# request size is capped separately (413).
+MAX_PROMPT_CHARS = 64_000
+MAX_COMPLETION_CHARS = 256_000
+MAX_TOKENS_PER_ROLLOUT = 65_536
+MAX_PROMPTS_PER_CALL = 10_000
+MAX_ROLLOUTS_PER_LEASE = 4_096
+MAX_RESULTS_PER_CALL = 4_096
+MAX_WAIT_S = 60.0
+ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+
+Identifier = Annotated[str, Field(pattern=ID_PATTERN, description="Letters, digits and _.:- only.")]
+Decision = Literal["commit", "abandon", "continue"]
+GroupState = Literal["open", "committed", "ready", "delivered", "acked", "abandoned", "dropped"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Answer(BaseModel):
+    # Answers ignore unknown fields so an older client keeps working against a newer server.
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+class PromptIn(_Request):
+    """One prompt to register. Without an id, the service derives one from the content."""
+
+    id: Identifier | None = None
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    answer: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    task: str = Field(default="exact", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+                      description="Verifier name the worker scores this prompt with.")
+    meta: dict[str, Any] = Field(default_factory=dict,
+                                 description="Free-form metadata; the sim backend reads p_success.")
+
+
+class AddPromptsRequest(_Request):
+    prompts: list[PromptIn] = Field(min_length=1, max_length=MAX_PROMPTS_PER_CALL)
+
+
+class AddPromptsResponse(_Answer):
+    ids: list[str]
+    created: int = Field(description="How many of the ids were new; re-adding an id is a no-op.")
+
+
+class Posterior(_Answer):
+    alpha: float
+    beta: float
+    version: int = Field(description="Policy version the counts were last decayed to.")
+
+
+class PromptHistory(_Answer):
+    groups: int = 0
+    committed: int = 0
+    abandoned: int = 0
+    rollouts: int = 0
+    successes: int = 0
+    last_group_id: str | None = None
+
+
+class PromptOut(_Answer):
+    id: str
+    prompt: str
+    answer: str | None = None
+    task: str
+    meta: dict[str, Any] = Field(default_factory=dict)
+    posterior: Posterior
+    history: PromptHistory
+
+
+# --- policy --------------------------------------------------------------------------------------
+
+
+class PolicyInfo(_Answer):
+    version: int = 0
+    checkpoint: str | None = None
+
+
+class PublishPolicyRequest(_Request):
+    version: int = Field(ge=1, description="Must be greater than the current version.")
+    checkpoint: str | None = Field(default=None, max_length=4096)
+
+
+# --- leases --------------------------------------------------------------------------------------
+
+
+class SamplingParams(_Answer):
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+class LeaseRequest(_Request):
+    worker_id: Identifier
+    max_rollouts: int = Field(default=64, ge=1, le=MAX_ROLLOUTS_PER_LEASE)
+    wait_s: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+    backend: str | None = Field(default=None, max_length=64)
+
+
+class Rollout(_Answer):
+    rollout_id: str
+    group_id: str
+    prompt_id: str
+    prompt: str
+    task: str
+    answer: str | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+    sampling: SamplingParams
+
+
+class LeaseResponse(_Answer):
+    lease_id: str | None = Field(description="None when nothing was leased.")
+    expires_at: float | None = None
+    policy: PolicyInfo
+    rollouts: list[Rollout] = Field(default_factory=list)
+    cancel: list[str] = Field(default_factory=list,
+                              description="Rollout ids this worker should abort now.")
+
+
+class HeartbeatRequest(_Request):
+    worker_id: Identifier
+
+
+class HeartbeatResponse(_Answer):
+    lease_id: str
+    expires_at: float
+    cancel: list[str] = Field(default_factory=list)
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+class RolloutResult(_Request):
+    rollout_id: Identifier
+    reward: float = Field(ge=-1e6, le=1e6, allow_inf_nan=False)
+    completion: str = Field(default="", max_length=MAX_COMPLETION_CHARS)
+    completion_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_PER_ROLLOUT)
+    finish_reason: str = Field(default="stop", max_length=32,
+                               description="stop, length or abort (cancelled mid-generation).")
+    policy_version: int = Field(default=0, ge=0)
+    token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT)
+    logprobs: list[float] | None = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT)
+
+
+class ResultsRequest(_Request):
+    worker_id: Identifier
+    results: list[RolloutResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_CALL)
+
+
+class GroupDecision(_Answer):
+    group_id: str
+    decision: Decision
+
+
+class ResultsResponse(_Answer):
+    accepted: int = Field(description="Results that filled a rollout slot for the first time.")
+    duplicates: int = Field(default=0, description="Results for slots already filled (ignored).")
+    late: int = Field(default=0, description="Results for cancelled rollouts (posterior only).")
+    decisions: list[GroupDecision] = Field(default_factory=list)
+    cancel: list[str] = Field(default_factory=list)
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+
+class NextBatchRequest(_Request):
+    size: int | None = Field(default=None, ge=1, le=4096,
+                             description="Groups per batch; default the scheduler's batch_size.")
+    wait_s: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+
+
+class BatchRollout(_Answer):
+    rollout_id: str
+    completion: str
+    reward: float
+    completion_tokens: int
+    finish_reason: str = "stop"
+    policy_version: int
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+class BatchGroup(_Answer):
+    group_id: str
+    prompt_id: str
+    prompt: str
+    answer: str | None = None
+    task: str = "exact"
+    rollouts: list[BatchRollout]
+
+
+class BatchStats(_Answer):
+    rollouts_spent: int = Field(0, description="Rollouts completed since the previous batch.")
+    rollouts_cancelled: int = 0
+    tokens_spent: int = 0
+    groups_committed: int = 0
+    groups_abandoned: int = 0
+    groups_dropped: int = 0
+    rollouts_saved_vs_ds: int = 0
+    ended_early: bool = Field(False, description="Closed by max_rollouts_per_batch.")
+
+
+class Batch(_Answer):
+    batch_id: str
+    policy_version: int
+    created_at: float
+    redelivered: bool = False
+    groups: list[BatchGroup]
+    stats: BatchStats
+
+
+class AckResponse(_Answer):
+    batch_id: str
+    acked: bool
+    already_acked: bool = False
+
+
+# --- groups, stats, health -----------------------------------------------------------------------
+
+
+class GroupSlot(_Answer):
+    rollout_id: str
+    state: Literal["pending", "leased", "done", "cancelled", "unissued"]
+    worker_id: str | None = None
+    reward: float | None = None
+
+
+class GroupOut(_Answer):
+    group_id: str
+    prompt_id: str
+    state: GroupState
+    k: int
+    issued: int
+    done: int
+    successes: int
+    failures: int
+    cancelled: int
+    abandon_after_failures: int = Field(description="All-fail count at which SARA abandons (k+1: never).")
+    abandon_after_successes: int
+    p_eff: float = Field(description="Current P(full group is mixed | outcomes so far).")
+    created_at: float
+    rollouts: list[GroupSlot]
+
+
+class HealthResponse(_Answer):
+    status: Literal["ok", "unavailable"]
+    redis: bool | None = None
+    namespace: str | None = None
+
+
+class ErrorBody(_Answer):
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorEnvelope(_Answer):
+    error: ErrorBody
+
+
+class Counters(_Answer):
+    """Monotone counters of one namespace (DESIGN.md section 4)."""
+
+    rollouts_issued: int = 0
+    rollouts_completed: int = 0
+    rollouts_cancelled: int = 0
+    rollouts_reissued: int = Field(0, description="Re-queued after their lease expired.")
+    results_duplicate: int = 0
+    results_late: int = Field(0, description="Results for cancelled rollouts (posterior only).")
+    tokens_generated: int = 0
+    groups_opened: int = 0
+    groups_skipped: int = Field(0, description="Prompts skipped before any rollout.")
+    groups_committed: int = 0
+    groups_abandoned: int = 0
+    groups_dropped_saturated: int = 0
+    groups_dropped_stale: int = 0
+    groups_delivered: int = 0
+    groups_acked: int = 0
+    rollouts_delivered: int = Field(0, description="Rollouts inside delivered groups.")
+    rollouts_saved_vs_ds: int = Field(0, description="Sum over abandoned groups of k - issued.")
+    expected_false_abandons: float = Field(0.0, description="Sum of p_eff at abandonment.")
+    decisions_commit: int = 0
+    decisions_abandon: int = 0
+    decisions_continue: int = 0
+    batches_formed: int = 0
+    batches_redelivered: int = 0
+    batches_acked: int = 0
+    leases_granted: int = 0
+
+
+class Derived(_Answer):
+    rollouts_in_flight: int
+    useful_fraction: float | None = Field(description="Rollouts in delivered groups / completed.")
+    rollouts_per_effective_group: float | None
+    ds_rollouts_per_effective_group: float | None = Field(
+        description="What Dynamic Sampling would have spent: k x groups decided / effective groups.")
+    abandon_rate: float | None
+    expected_false_abandon_rate: float | None
+
+
+class Queues(_Answer):
+    pending: int = Field(description="Rollouts issued and waiting for a worker.")
+    leased: int
+    open_groups: int
+    expected_yield_open: float = Field(description="Sum of p_eff over open groups.")
+    ready_groups: int
+    unacked_batches: int
+    flow_target: int = Field(description="prefetch_batches x batch_size.")
+
+
+class WorkerStats(_Answer):
+    worker_id: str
+    backend: str | None = None
+    policy_version: int | None = None
+    last_seen: float
+    stale: bool
+    rollouts_completed: int = 0
+    tokens_generated: int = 0
+    leases: int = 0
+    rollouts_per_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+class StatsResponse(_Answer):
+    namespace: str
+    now: float
+    policy: PolicyInfo
+    config: dict[str, Any]
+    counters: Counters
+    derived: Derived
+    queues: Queues
+    abandon_histogram: dict[str, int] = Field(
+        default_factory=dict, description="Rollouts done at abandonment -> groups.")
+    workers: list[WorkerStats] = Field(default_factory=list)
+    recent_batches: list[dict[str, Any]] = Field(default_factory=list)

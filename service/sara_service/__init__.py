@@ -1,0 +1,1 @@
+"""SARA scheduler: sequential adaptive rollout allocation over Redis."""

@@ -1,0 +1,146 @@
+"""The scheduler's FastAPI application: `create_app(settings)`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, AsyncIterator
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import SaraServiceError, StoreUnavailable
+from .routers import batches, leases, observe, policy, prompts, results
+from .scheduler import Clock, Scheduler
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger("sara.service")
+MAINTENANCE_INTERVAL_S = 1.0
+
+
+def _envelope(status: int, code: str, message: str, detail: Any = None,
+              headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "detail": detail}},
+                        status_code=status, headers=headers)
+
+
+def _field_path(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SaraServiceError)
+    async def domain_error(_: Request, exc: SaraServiceError) -> JSONResponse:
+        headers = None
+        if isinstance(exc, StoreUnavailable):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return _envelope(exc.status_code, exc.code, exc.message, exc.detail, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": _field_path(e["loc"]), "problem": e["msg"]} for e in exc.errors()]
+        first = errors[0] if errors else {"field": "body", "problem": "invalid"}
+        message = f"{first['field']}: {first['problem']}"
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more)"
+        return _envelope(422, "invalid_request", message, errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _envelope(exc.status_code, code, str(exc.detail), None, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _envelope(500, "internal", f"internal error: {type(exc).__name__}")
+
+
+class BodyLimit:
+    """Answer 413 before reading a body larger than `limit` bytes (declared or streamed)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(send)
+        seen = 0
+
+        async def counting_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Any) -> None:
+        body = json.dumps({"error": {"code": "payload_too_large",
+                                     "message": f"request body over {self.limit} bytes; "
+                                                "send fewer items per call", "detail": None}})
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _maintenance_loop(scheduler: Scheduler) -> None:
+    while True:
+        with contextlib.suppress(StoreUnavailable):
+            await scheduler.maintain()
+        await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+
+
+def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
+               clock: Clock | None = None) -> FastAPI:
+    """Build the scheduler app. `redis` defaults to a client for settings.redis_url."""
+    if redis is None:
+        if not settings.redis_url:
+            raise ValueError("settings.redis_url is unset: start an embedded Redis first "
+                             "(`sara serve` does) or pass redis=")
+        redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5,
+                                        socket_connect_timeout=2)
+    scheduler = Scheduler(settings, Store(redis, settings.namespace), clock)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not settings.auth_enabled:
+            log.warning("no role tokens configured: the API is open to anyone who can reach it")
+        task = asyncio.create_task(_maintenance_loop(scheduler))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await redis.aclose()
+
+    app = FastAPI(title="SARA rollout-allocation service", version="0.1.0", lifespan=lifespan,
+                  description="Sequential adaptive rollout allocation for RL with verifiable "
+                              "rewards: workers lease rollouts, the trainer pulls effective "
+                              "batches.")
+    app.state.settings = settings
+    app.state.scheduler = scheduler
+    for module in (prompts, leases, results, batches, policy, observe):
+        app.include_router(module.router)
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

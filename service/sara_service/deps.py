@@ -1,0 +1,77 @@
+"""Request dependencies: the scheduler, and bearer-token role checks."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Callable
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .errors import SaraServiceError
+from .scheduler import Scheduler
+from .settings import Settings
+
+_bearer = HTTPBearer(auto_error=False, description="Role token: worker, trainer, operator or admin.")
+
+
+class Unauthorized(SaraServiceError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(SaraServiceError):
+    status_code = 403
+    code = "forbidden"
+
+
+def get_scheduler(request: Request) -> Scheduler:
+    return request.app.state.scheduler
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def role_of(settings: Settings, token: str) -> str | None:
+    """The role a token grants, compared in constant time against every configured token."""
+    found = None
+    for role in ("admin", "operator", "trainer", "worker"):
+        secret = getattr(settings, f"{role}_token")
+        # compare against all of them, so timing does not reveal which role matched
+        if secret is not None and hmac.compare_digest(secret.get_secret_value().encode(),
+                                                      token.encode()):
+            found = found or role
+    return found
+
+
+def require(*roles: str) -> Callable:
+    """Dependency allowing `roles` (and admin); open when no tokens are configured."""
+    allowed = {"admin", *roles}
+
+    def check(settings: SettingsDep, creds: Credentials) -> str | None:
+        if not settings.auth_enabled:
+            return None
+        if creds is None:
+            raise Unauthorized(message="missing bearer token: send 'Authorization: Bearer <token>'")
+        role = role_of(settings, creds.credentials)
+        if role is None:
+            raise Unauthorized(message="invalid token")
+        if role not in allowed:
+            raise Forbidden(message=f"a {role} token may not do this; needs one of "
+                                    f"{sorted(allowed)}")
+        return role
+
+    return check
+
+
+WorkerRole = Depends(require("worker"))
+TrainerRole = Depends(require("trainer"))
+AdminRole = Depends(require())
+ReaderRole = Depends(require("operator", "trainer"))
+AnyRole = Depends(require("operator", "trainer", "worker"))

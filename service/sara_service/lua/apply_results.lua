@@ -1,0 +1,228 @@
+-- Apply a worker's rollout results and decide each touched group: COMMIT, ABANDON or CONTINUE.
+-- KEYS[1] = slots hash      KEYS[2] = inflight zset     KEYS[3] = pending list
+-- KEYS[4] = stats hash      KEYS[5] = open-groups zset  KEYS[6] = ready list
+-- KEYS[7] = posteriors hash KEYS[8] = cancels hash      KEYS[9] = abandon histogram hash
+-- KEYS[10] = workers zset   KEYS[11] = worker_info hash KEYS[12] = policy hash
+-- KEYS[13] = gc zset        KEYS[14] = group_states hash
+-- KEYS[15..] = hashes of the groups the results belong to
+-- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
+-- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
+-- ARGV[7] = number of results, then 6 per result:
+--           rollout id, index of its group key in KEYS, success (1/0), tokens, policy version, JSON
+-- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
+--         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker}
+local now, wid = tonumber(ARGV[1]), ARGV[2]
+local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local count = tonumber(ARGV[7])
+local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+
+local function arg(i, j) return ARGV[7 + (i - 1) * 6 + j] end
+
+local unknown = {}
+for i = 1, count do
+  local gkey = KEYS[tonumber(arg(i, 2))]
+  if redis.call('HEXISTS', S, arg(i, 1)) == 0 or redis.call('EXISTS', gkey) == 0 then
+    unknown[#unknown + 1] = arg(i, 1)
+  end
+end
+if #unknown > 0 then return {'unknown', unknown} end
+
+local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
+
+local function split_floats(csv)
+  local out = {}
+  for x in string.gmatch(csv, '[^,]+') do out[#out + 1] = tonumber(x) end
+  return out
+end
+
+local function update_posterior(pid, success)
+  local raw = redis.call('HGET', POST, pid)
+  local p = raw and cjson.decode(raw) or {a = a0, b = b0, v = version}
+  local elapsed = version - (p.v or version)
+  if elapsed > 0 then
+    local w = decay ^ elapsed
+    p.a, p.b = a0 + w * (p.a - a0), b0 + w * (p.b - b0)
+  end
+  p.v = math.max(version, p.v or version)
+  if success == 1 then p.a = p.a + 1 else p.b = p.b + 1 end
+  p.rollouts = (p.rollouts or 0) + 1
+  p.successes = (p.successes or 0) + success
+  redis.call('HSET', POST, pid, cjson.encode(p))
+end
+
+local function bump_history(pid, field)
+  local raw = redis.call('HGET', POST, pid)
+  if not raw then return end
+  local p = cjson.decode(raw)
+  p[field] = (p[field] or 0) + 1
+  redis.call('HSET', POST, pid, cjson.encode(p))
+end
+
+local function add_cancel(worker, rid)
+  local cur = redis.call('HGET', CANCELS, worker)
+  redis.call('HSET', CANCELS, worker, cur and (cur .. ' ' .. rid) or rid)
+end
+
+local function issue(gkey, gid, from, to)
+  if to <= from then return end
+  for slot = from, to - 1 do
+    local rid = gid .. ':' .. slot
+    redis.call('HSET', S, rid, 'p')
+    -- decided groups and probes that decide a group go first: they finish or free work sooner
+    redis.call('LPUSH', PEND, rid)
+  end
+  redis.call('HSET', gkey, 'issued', to)
+  redis.call('HINCRBY', STATS, 'rollouts_issued', to - from)
+end
+
+local function cancel_outstanding(gkey, gid, issued)
+  local n = 0
+  for slot = 0, issued - 1 do
+    local rid = gid .. ':' .. slot
+    local st = redis.call('HGET', S, rid)
+    if st == 'p' then
+      redis.call('HSET', S, rid, 'c')
+      n = n + 1
+    elseif st and string.sub(st, 1, 2) == 'l|' then
+      redis.call('HSET', S, rid, 'c')
+      redis.call('ZREM', INFL, rid)
+      add_cancel(string.match(st, '^l|[^|]*|(.*)$'), rid)
+      n = n + 1
+    end
+  end
+  if n > 0 then
+    redis.call('HINCRBY', gkey, 'cancelled', n)
+    redis.call('HINCRBY', STATS, 'rollouts_cancelled', n)
+  end
+end
+
+local function retire(gid, state)
+  redis.call('HSET', GSTATE, gid, state)
+  redis.call('ZREM', OPEN, gid)
+  redis.call('ZADD', GC, now + retention, gid)
+end
+
+local function make_ready(gkey, gid, done)
+  redis.call('HSET', GSTATE, gid, 'ready')
+  redis.call('ZREM', OPEN, gid)
+  local minv = redis.call('HGET', gkey, 'min_v') or ''
+  redis.call('RPUSH', READY, gid .. '|' .. minv .. '|' .. done)
+end
+
+-- Decide an open group after one more outcome; returns the decision.
+local function decide_open(gkey, gid, g)
+  if g.s > 0 and g.f > 0 then
+    redis.call('HSET', GSTATE, gid, 'committed')
+    redis.call('HSET', gkey, 'p_eff', 1)
+    redis.call('ZADD', OPEN, 1, gid)
+    redis.call('HINCRBY', STATS, 'groups_committed', 1)
+    bump_history(g.pid, 'committed')
+    if g.commit == 'complete' then issue(gkey, gid, g.issued, g.k) end
+    return 'commit'
+  end
+  local failing = g.s == 0
+  local n = failing and g.f or g.s
+  local thr = failing and g.thr_f or g.thr_s
+  local table_ = split_floats(redis.call('HGET', gkey, failing and 'pf' or 'ps'))
+  local p = table_[math.min(n, #table_ - 1) + 1]
+  if n >= thr then
+    cancel_outstanding(gkey, gid, g.issued)
+    retire(gid, 'abandoned')
+    redis.call('HSET', gkey, 'p_eff', p)
+    redis.call('HINCRBY', STATS, 'groups_abandoned', 1)
+    redis.call('HINCRBY', STATS, 'rollouts_saved_vs_ds', g.k - g.issued)
+    redis.call('HINCRBYFLOAT', STATS, 'expected_false_abandons', p)
+    redis.call('HINCRBY', HIST, tostring(g.done), 1)
+    bump_history(g.pid, 'abandoned')
+    return 'abandon'
+  end
+  redis.call('HSET', gkey, 'p_eff', p)
+  redis.call('ZADD', OPEN, p, gid)
+  issue(gkey, gid, g.issued, math.min(thr, g.k))
+  return 'continue'
+end
+
+local function load_group(gkey)
+  local v = redis.call('HMGET', gkey, 'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f',
+    'thr_s', 'deliver_sat', 'commit')
+  return {pid = v[1], k = tonumber(v[2]), issued = tonumber(v[3]), done = tonumber(v[4]),
+    s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]), thr_s = tonumber(v[8]),
+    deliver_sat = v[9] == '1', commit = v[10]}
+end
+
+-- After an accepted result: close the group when it has everything it will get.
+local function maybe_complete(gkey, gid, g, state)
+  if state == 'committed' then
+    local target = g.commit == 'complete' and g.k or g.issued
+    if g.done >= target then make_ready(gkey, gid, g.done) end
+  elseif state == 'open' and g.done >= g.k then
+    if g.deliver_sat then
+      make_ready(gkey, gid, g.done)
+    else
+      retire(gid, 'dropped')
+      redis.call('HINCRBY', STATS, 'groups_dropped_saturated', 1)
+    end
+  end
+end
+
+local accepted, dups, late, tokens, newest = 0, 0, 0, 0, -1
+local decided, order = {}, {}
+for i = 1, count do
+  local rid, gkey, success = arg(i, 1), KEYS[tonumber(arg(i, 2))], tonumber(arg(i, 3))
+  local gid, slot = string.match(rid, '^(.*):(%d+)$')
+  tokens = tokens + tonumber(arg(i, 4))
+  newest = math.max(newest, tonumber(arg(i, 5)))
+  local st = redis.call('HGET', S, rid)
+  if st == 'd' then
+    dups = dups + 1
+  else
+    local g = load_group(gkey)
+    update_posterior(g.pid, success)
+    if st == 'c' then
+      late = late + 1
+    else
+      if string.sub(st, 1, 2) == 'l|' then
+        local holder = string.match(st, '^l|[^|]*|(.*)$')
+        if holder ~= wid then add_cancel(holder, rid) end  -- a re-issued copy is now pointless
+      end
+      redis.call('HSET', S, rid, 'd')
+      redis.call('ZREM', INFL, rid)
+      redis.call('HSET', gkey, 'r:' .. slot, arg(i, 6))
+      local pv = tonumber(arg(i, 5))
+      local minv = redis.call('HGET', gkey, 'min_v')
+      if (not minv) or pv < tonumber(minv) then redis.call('HSET', gkey, 'min_v', pv) end
+      g.done = redis.call('HINCRBY', gkey, 'done', 1)
+      if success == 1 then g.s = redis.call('HINCRBY', gkey, 's', 1)
+      else g.f = redis.call('HINCRBY', gkey, 'f', 1) end
+      accepted = accepted + 1
+      local state = redis.call('HGET', GSTATE, gid)
+      if state == 'open' then
+        local d = decide_open(gkey, gid, g)
+        redis.call('HINCRBY', STATS, 'decisions_' .. d, 1)
+        state = redis.call('HGET', GSTATE, gid)
+        g.issued = tonumber(redis.call('HGET', gkey, 'issued'))
+      end
+      maybe_complete(gkey, gid, g, state)
+    end
+    if not decided[gid] then order[#order + 1] = gid end
+    local final = redis.call('HGET', GSTATE, gid)
+    decided[gid] = (final == 'open' and 'continue') or
+      ((final == 'abandoned' or final == 'dropped') and 'abandon') or 'commit'
+  end
+end
+
+redis.call('HINCRBY', STATS, 'rollouts_completed', accepted)
+redis.call('HINCRBY', STATS, 'results_duplicate', dups)
+redis.call('HINCRBY', STATS, 'results_late', late)
+redis.call('HINCRBY', STATS, 'tokens_generated', tokens)
+redis.call('HINCRBY', WINFO, wid .. '|completed', accepted)
+redis.call('HINCRBY', WINFO, wid .. '|tokens', tokens)
+redis.call('HSET', WINFO, wid .. '|policy_version', newest)
+redis.call('ZADD', WORKERS, now, wid)
+
+local flat = {}
+for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
+local cancel = redis.call('HGET', CANCELS, wid) or ''
+redis.call('HDEL', CANCELS, wid)
+return {'ok', accepted, dups, late, flat, cancel}

@@ -1,0 +1,72 @@
+-- Hand the trainer a batch: an expired unacked batch first, else a new one from the ready groups.
+-- KEYS[1] = ready list        KEYS[2] = unacked zset       KEYS[3] = stats hash
+-- KEYS[4] = policy hash       KEYS[5] = new batch hash     KEYS[6] = batch window hash
+-- KEYS[7] = recent batches list   KEYS[8] = group_states hash   KEYS[9] = gc zset
+-- ARGV[1] = now   ARGV[2] = groups wanted   ARGV[3] = ack deadline   ARGV[4] = max staleness
+-- ARGV[5] = rollout cap per batch (0 = none)   ARGV[6] = new batch id   ARGV[7] = retention s
+-- returns {'redeliver', batch id} | {'none'} | {'new', batch id}
+local now, want = tonumber(ARGV[1]), tonumber(ARGV[2])
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
+if #due > 0 then
+  redis.call('ZADD', KEYS[2], ARGV[3], due[1])
+  redis.call('HINCRBY', KEYS[3], 'batches_redelivered', 1)
+  return {'redeliver', due[1]}
+end
+
+local window_fields = {'rollouts_completed', 'rollouts_cancelled', 'tokens_generated',
+  'groups_committed', 'groups_abandoned', 'groups_dropped_saturated', 'groups_dropped_stale',
+  'rollouts_saved_vs_ds'}
+local current = redis.call('HMGET', KEYS[3], unpack(window_fields))
+local before = redis.call('HMGET', KEYS[6], unpack(window_fields))
+local function spent(i) return (tonumber(current[i]) or 0) - (tonumber(before[i]) or 0) end
+
+local cap = tonumber(ARGV[5])
+local closing = cap > 0 and spent(1) >= cap
+local version = tonumber(redis.call('HGET', KEYS[4], 'version') or '0')
+local max_stale = tonumber(ARGV[4])
+local picked, gids, rollouts = {}, {}, 0
+while #picked < want do
+  local entry = redis.call('LPOP', KEYS[1])
+  if not entry then break end
+  local gid, minv, n = string.match(entry, '^(.*)|(.*)|(%d+)$')
+  if minv ~= '' and version - tonumber(minv) > max_stale then
+    redis.call('HSET', KEYS[8], gid, 'dropped')
+    redis.call('ZADD', KEYS[9], now + tonumber(ARGV[7]), gid)
+    redis.call('HINCRBY', KEYS[3], 'groups_dropped_stale', 1)
+  else
+    picked[#picked + 1] = entry
+    gids[#gids + 1] = gid
+    rollouts = rollouts + tonumber(n)
+  end
+end
+if #picked == 0 or (#picked < want and not closing) then
+  for i = #picked, 1, -1 do redis.call('LPUSH', KEYS[1], picked[i]) end
+  return {'none'}
+end
+
+-- counters re-read: stale drops above belong to this batch's window
+current = redis.call('HMGET', KEYS[3], unpack(window_fields))
+local stats = {rollouts_spent = spent(1), rollouts_cancelled = spent(2), tokens_spent = spent(3),
+  groups_committed = spent(4), groups_abandoned = spent(5), groups_dropped = spent(6) + spent(7),
+  rollouts_saved_vs_ds = spent(8), ended_early = #picked < want}
+local snapshot = {}
+for i, f in ipairs(window_fields) do
+  snapshot[#snapshot + 1] = f
+  snapshot[#snapshot + 1] = current[i] or 0
+end
+redis.call('HSET', KEYS[6], unpack(snapshot))
+
+local bid = ARGV[6]
+local encoded = cjson.encode(stats)
+redis.call('HSET', KEYS[5], 'groups', table.concat(gids, ','), 'policy_version', version,
+  'created_at', ARGV[1], 'state', 'delivered', 'stats', encoded, 'rollouts', rollouts)
+redis.call('ZADD', KEYS[2], ARGV[3], bid)
+for _, gid in ipairs(gids) do redis.call('HSET', KEYS[8], gid, 'delivered') end
+redis.call('HINCRBY', KEYS[3], 'batches_formed', 1)
+redis.call('HINCRBY', KEYS[3], 'groups_delivered', #gids)
+redis.call('HINCRBY', KEYS[3], 'rollouts_delivered', rollouts)
+local summary = cjson.encode({batch_id = bid, created_at = now, policy_version = version,
+  groups = #gids, rollouts = rollouts, stats = stats})
+redis.call('LPUSH', KEYS[7], summary)
+redis.call('LTRIM', KEYS[7], 0, 99)
+return {'new', bid}

@@ -1,0 +1,51 @@
+-- Open new groups while the flow-control target allows, and queue their first rollouts.
+-- KEYS[1] = stats hash           KEYS[2] = open-groups zset (group -> p_eff)
+-- KEYS[3] = ready list           KEYS[4] = pending list
+-- KEYS[5] = slots hash           KEYS[6] = group_states hash
+-- KEYS[7] = group_prompt hash    KEYS[8] = posteriors hash
+-- KEYS[8 + i] = hash of the i-th candidate group
+-- ARGV[1] = now                  ARGV[2] = flow target (prefetch_batches x batch_size)
+-- ARGV[3] = JSON list of group specs, in the order to open them:
+--           {gid, pid, k, thr_f, thr_s, issue, pf, ps, deliver_sat, commit}
+-- ARGV[4] = prompts skipped before any rollout (counted only)
+-- returns the number of specs opened (a prefix of the list: the rest did not fit)
+local now = ARGV[1]
+local target = tonumber(ARGV[2])
+local specs = cjson.decode(ARGV[3])
+
+local expected = redis.call('LLEN', KEYS[3])
+local scores = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = 2, #scores, 2 do expected = expected + tonumber(scores[i]) end
+
+if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[1], 'groups_skipped', ARGV[4]) end
+
+local opened = 0
+for i, g in ipairs(specs) do
+  if expected >= target then break end
+  local gkey = KEYS[8 + i]
+  local p0 = g.pf[1]
+  redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
+    's', 0, 'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s,
+    'pf', table.concat(g.pf, ','), 'ps', table.concat(g.ps, ','),
+    'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', p0, 'created_at', now)
+  redis.call('HSET', KEYS[6], g.gid, 'open')
+  redis.call('HSET', KEYS[7], g.gid, g.pid)
+  redis.call('ZADD', KEYS[2], p0, g.gid)
+  local raw = redis.call('HGET', KEYS[8], g.pid)
+  if raw then
+    local post = cjson.decode(raw)
+    post.groups = (post.groups or 0) + 1
+    post.last = g.gid
+    redis.call('HSET', KEYS[8], g.pid, cjson.encode(post))
+  end
+  for slot = 0, g.issue - 1 do
+    local rid = g.gid .. ':' .. slot
+    redis.call('HSET', KEYS[5], rid, 'p')
+    redis.call('RPUSH', KEYS[4], rid)
+  end
+  redis.call('HINCRBY', KEYS[1], 'rollouts_issued', g.issue)
+  redis.call('HINCRBY', KEYS[1], 'groups_opened', 1)
+  expected = expected + p0
+  opened = opened + 1
+end
+return opened

@@ -1,0 +1,169 @@
+"""What operators read: one group's state, /stats as JSON and /metrics in Prometheus text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sara_client.models import (
+    Counters, Derived, GroupOut, GroupSlot, PolicyInfo, Queues, StatsResponse, WorkerStats,
+)
+
+from .errors import NotFound
+from .keys import rollout_id
+from .settings import Settings
+from .store import Store, _s, _unavailable_on_redis_error
+
+_SLOT_STATES = {"p": "pending", "d": "done", "c": "cancelled"}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+async def group_view(store: Store, group_id: str) -> GroupOut:
+    """One group's state, counters, thresholds and per-slot rollouts."""
+    (row,) = await store.read_groups([group_id])
+    (state,) = await store.group_state([group_id])
+    if not row or state is None:
+        raise NotFound("unknown_group", f"no group with id {group_id!r} (it may have expired)")
+    k = int(row["k"])
+    rids = [rollout_id(group_id, i) for i in range(k)]
+    slots = []
+    for i, (rid, raw) in enumerate(zip(rids, await store.slot_states(rids))):
+        worker, reward = None, None
+        if raw is None:
+            kind = "unissued"
+        elif raw.startswith("l|"):
+            kind, worker = "leased", raw.split("|", 2)[2]
+        else:
+            kind = _SLOT_STATES[raw]
+        if f"r:{i}" in row:
+            reward = json.loads(row[f"r:{i}"]).get("reward")
+        slots.append(GroupSlot(rollout_id=rid, state=kind, worker_id=worker, reward=reward))
+    return GroupOut(group_id=group_id, prompt_id=row["prompt_id"], state=state, k=k,
+                    issued=int(row["issued"]), done=int(row["done"]), successes=int(row["s"]),
+                    failures=int(row["f"]), cancelled=int(row["cancelled"]),
+                    abandon_after_failures=int(row["thr_f"]),
+                    abandon_after_successes=int(row["thr_s"]), p_eff=float(row["p_eff"]),
+                    created_at=float(row["created_at"]), rollouts=slots)
+
+
+@_unavailable_on_redis_error
+async def _read_raw(store: Store) -> list[Any]:
+    k = store.keys
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.hgetall(k.stats)
+    pipe.hgetall(k.abandon_hist)
+    pipe.zcard(k.inflight)
+    pipe.zrange(k.open_groups, 0, -1, withscores=True)
+    pipe.llen(k.ready)
+    pipe.zcard(k.unacked)
+    pipe.zrange(k.workers, 0, -1, withscores=True)
+    pipe.hgetall(k.worker_info)
+    pipe.lrange(k.recent_batches, 0, 19)
+    return await pipe.execute()
+
+
+def _counters(raw: dict) -> Counters:
+    fields = {_s(a): _s(b) for a, b in raw.items()}
+    known = Counters.model_fields
+    return Counters(**{f: (float(v) if known[f].annotation is float else int(v))
+                       for f, v in fields.items() if f in known})
+
+
+def derive(c: Counters, k: int) -> Derived:
+    """Efficiency figures from the counters (DESIGN.md section 4)."""
+    decided = c.groups_committed + c.groups_abandoned + c.groups_dropped_saturated
+    # DS would have paid k for every decided group and found the committed ones (plus, in
+    # expectation, the ones SARA abandoned falsely) effective.
+    ds_effective = c.groups_committed + c.expected_false_abandons
+    return Derived(
+        rollouts_in_flight=c.rollouts_issued - c.rollouts_completed - c.rollouts_cancelled,
+        useful_fraction=_ratio(c.rollouts_delivered, c.rollouts_completed),
+        rollouts_per_effective_group=_ratio(c.rollouts_completed, c.groups_delivered),
+        ds_rollouts_per_effective_group=_ratio(k * decided, ds_effective),
+        abandon_rate=_ratio(c.groups_abandoned, decided),
+        expected_false_abandon_rate=_ratio(c.expected_false_abandons, c.groups_abandoned))
+
+
+def _workers(scores: list, info_raw: dict, now: float, stale_s: float) -> list[WorkerStats]:
+    info = {_s(a): _s(b) for a, b in info_raw.items()}
+    out = []
+    for wid_raw, last_seen in scores:
+        wid = _s(wid_raw)
+        completed = int(info.get(f"{wid}|completed", 0))
+        tokens = int(info.get(f"{wid}|tokens", 0))
+        first = float(info.get(f"{wid}|first_seen", last_seen))
+        span = last_seen - first
+        version = info.get(f"{wid}|policy_version")
+        out.append(WorkerStats(
+            worker_id=wid, backend=info.get(f"{wid}|backend"), last_seen=last_seen,
+            policy_version=int(version) if version not in (None, "-1") else None,
+            stale=now - last_seen > stale_s, rollouts_completed=completed,
+            tokens_generated=tokens, leases=int(info.get(f"{wid}|leases", 0)),
+            rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span)))
+    return out
+
+
+async def stats_view(store: Store, settings: Settings, now: float) -> StatsResponse:
+    """Everything /stats shows, read in one pipelined round trip."""
+    (stats, hist, leased, open_scores, ready, unacked, worker_scores, worker_info,
+     recent) = await _read_raw(store)
+    counters = _counters(stats)
+    derived = derive(counters, settings.group_size)
+    queues = Queues(pending=max(0, derived.rollouts_in_flight - leased), leased=leased,
+                    open_groups=len(open_scores),
+                    expected_yield_open=sum(score for _, score in open_scores),
+                    ready_groups=ready, unacked_batches=unacked,
+                    flow_target=settings.prefetch_batches * settings.batch_size)
+    policy: PolicyInfo = await store.get_policy()
+    return StatsResponse(
+        namespace=settings.namespace, now=now, policy=policy, config=settings.public_config(),
+        counters=counters, derived=derived, queues=queues,
+        abandon_histogram={_s(a): int(b) for a, b in sorted(hist.items(), key=lambda x: int(x[0]))},
+        workers=_workers(worker_scores, worker_info, now, settings.worker_stale_s),
+        recent_batches=[json.loads(r) for r in recent])
+
+
+def prometheus_text(stats: StatsResponse) -> str:
+    """Prometheus exposition format (text 0.0.4) of the counters, derived figures and queues."""
+    ns = stats.namespace
+    lines: list[str] = []
+
+    def emit(name: str, kind: str, value: float | None, help_: str, labels: str = "") -> None:
+        if value is None:
+            return
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.append(f'{name}{{namespace="{ns}"{labels}}} {value}')
+
+    for field, info in Counters.model_fields.items():
+        emit(f"sara_{field}_total", "counter", getattr(stats.counters, field),
+             info.description or field.replace("_", " "))
+    for field, info in Derived.model_fields.items():
+        emit(f"sara_{field}", "gauge", getattr(stats.derived, field),
+             info.description or field.replace("_", " "))
+    for field, info in Queues.model_fields.items():
+        emit(f"sara_queue_{field}", "gauge", getattr(stats.queues, field),
+             info.description or field.replace("_", " "))
+    emit("sara_policy_version", "gauge", stats.policy.version, "current policy version")
+    for w in stats.workers:
+        label = f',worker="{w.worker_id}"'
+        emit("sara_worker_rollouts_completed_total", "counter", w.rollouts_completed,
+             "rollouts completed by the worker", label)
+        emit("sara_worker_tokens_generated_total", "counter", w.tokens_generated,
+             "tokens generated by the worker", label)
+    return _dedupe_headers(lines)
+
+
+def _dedupe_headers(lines: list[str]) -> str:
+    seen: set[str] = set()
+    out = []
+    for line in lines:
+        if line.startswith("#"):
+            if line in seen:
+                continue
+            seen.add(line)
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,26 @@
+"""POST /batches/next, POST /batches/{id}/ack."""
+
+from fastapi import APIRouter, Response
+
+from sara_client.models import AckResponse, Batch, Identifier, NextBatchRequest
+
+from ..deps import SchedulerDep, TrainerRole
+
+router = APIRouter(prefix="/batches", tags=["trainer"], dependencies=[TrainerRole])
+
+
+@router.post("/next", response_model=Batch,
+             responses={204: {"description": "No batch ready within wait_s"}})
+async def next_batch(scheduler: SchedulerDep, body: NextBatchRequest | None = None):
+    """The next batch of effective groups; long-polls up to wait_s, then 204."""
+    batch = await scheduler.next_batch(body or NextBatchRequest())
+    if batch is None:
+        return Response(status_code=204)
+    return batch
+
+
+@router.post("/{batch_id}/ack", response_model=AckResponse,
+             responses={404: {"description": "Unknown batch"}})
+async def ack(batch_id: Identifier, scheduler: SchedulerDep) -> AckResponse:
+    """Confirm a batch was consumed; unacked batches are redelivered after their timeout."""
+    return await scheduler.ack(batch_id)

@@ -1,0 +1,25 @@
+"""POST /leases, POST /leases/{id}/heartbeat."""
+
+from fastapi import APIRouter
+
+from sara_client.models import (HeartbeatRequest, HeartbeatResponse, Identifier, LeaseRequest,
+                                LeaseResponse)
+
+from ..deps import SchedulerDep, WorkerRole
+
+router = APIRouter(prefix="/leases", tags=["workers"], dependencies=[WorkerRole])
+
+
+@router.post("", response_model=LeaseResponse)
+async def lease(body: LeaseRequest, scheduler: SchedulerDep) -> LeaseResponse:
+    """Lease rollouts to generate; long-polls up to wait_s when there is nothing to do."""
+    return await scheduler.lease(body)
+
+
+@router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse,
+             responses={404: {"description": "Unknown or expired lease"},
+                        409: {"description": "Lease held by another worker"}})
+async def heartbeat(lease_id: Identifier, body: HeartbeatRequest,
+                    scheduler: SchedulerDep) -> HeartbeatResponse:
+    """Extend a lease; answers the worker's cancel list."""
+    return await scheduler.heartbeat(lease_id, body.worker_id)

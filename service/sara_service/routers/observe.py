@@ -1,0 +1,50 @@
+"""GET /groups/{id}, /stats, /metrics, /healthz, /readyz."""
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from sara_client.models import GroupOut, HealthResponse, Identifier, StatsResponse
+
+from ..deps import ReaderRole, SchedulerDep
+from ..errors import StoreUnavailable
+from ..observability import group_view, prometheus_text, stats_view
+
+router = APIRouter(tags=["operator"])
+
+
+@router.get("/groups/{group_id}", response_model=GroupOut, dependencies=[ReaderRole])
+async def get_group(group_id: Identifier, scheduler: SchedulerDep) -> GroupOut:
+    """One group's state, counts, thresholds and rollouts."""
+    return await group_view(scheduler.store, group_id)
+
+
+@router.get("/stats", response_model=StatsResponse, dependencies=[ReaderRole])
+async def stats(scheduler: SchedulerDep) -> StatsResponse:
+    """Counters, derived efficiency, queues, workers and recent batches."""
+    return await stats_view(scheduler.store, scheduler.settings, scheduler.clock())
+
+
+@router.get("/metrics", response_class=PlainTextResponse, dependencies=[ReaderRole])
+async def metrics(scheduler: SchedulerDep) -> str:
+    """The same figures in Prometheus text format."""
+    view = await stats_view(scheduler.store, scheduler.settings, scheduler.clock())
+    return PlainTextResponse(prometheus_text(view), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/healthz", response_model=HealthResponse)
+async def healthz() -> HealthResponse:
+    """Liveness: the process answers."""
+    return HealthResponse(status="ok")
+
+
+@router.get("/readyz", response_model=HealthResponse,
+            responses={503: {"model": HealthResponse, "description": "Redis unreachable"}})
+async def readyz(scheduler: SchedulerDep):
+    """Readiness: Redis answers."""
+    try:
+        ok = await scheduler.store.ping()
+    except StoreUnavailable:
+        ok = False
+    body = HealthResponse(status="ok" if ok else "unavailable", redis=ok,
+                          namespace=scheduler.settings.namespace)
+    return body if ok else JSONResponse(body.model_dump(), status_code=503)

@@ -1,0 +1,32 @@
+"""POST /prompts, GET /prompts/{id}."""
+
+from fastapi import APIRouter
+
+from sara_client.models import (AddPromptsRequest, AddPromptsResponse, Identifier, Posterior,
+                                PromptHistory, PromptOut)
+
+from ..deps import AdminRole, ReaderRole, SchedulerDep
+
+router = APIRouter(prefix="/prompts", tags=["prompts"])
+
+
+@router.post("", response_model=AddPromptsResponse, dependencies=[AdminRole])
+async def add_prompts(body: AddPromptsRequest, scheduler: SchedulerDep) -> AddPromptsResponse:
+    """Register prompts; idempotent on id."""
+    ids, created = await scheduler.add_prompts(body)
+    return AddPromptsResponse(ids=ids, created=created)
+
+
+@router.get("/{prompt_id}", response_model=PromptOut, dependencies=[ReaderRole])
+async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOut:
+    """A prompt with its posterior and history."""
+    content, post = await scheduler.store.get_prompt(prompt_id)
+    s = scheduler.settings
+    return PromptOut(
+        id=prompt_id, prompt=content["prompt"], answer=content.get("answer"),
+        task=content.get("task", "exact"), meta=content.get("meta") or {},
+        posterior=Posterior(alpha=post.get("a", s.prior_alpha), beta=post.get("b", s.prior_beta),
+                            version=int(post.get("v", 0))),
+        history=PromptHistory(groups=post.get("groups", 0), committed=post.get("committed", 0),
+                              abandoned=post.get("abandoned", 0), rollouts=post.get("rollouts", 0),
+                              successes=post.get("successes", 0), last_group_id=post.get("last")))

@@ -1,0 +1,16 @@
+"""POST /results."""
+
+from fastapi import APIRouter
+
+from sara_client.models import ResultsRequest, ResultsResponse
+
+from ..deps import SchedulerDep, WorkerRole
+
+router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole])
+
+
+@router.post("", response_model=ResultsResponse,
+             responses={404: {"description": "Unknown rollout ids; nothing was applied"}})
+async def report(body: ResultsRequest, scheduler: SchedulerDep) -> ResultsResponse:
+    """Report rewards; answers the decisions taken and the worker's cancel list."""
+    return await scheduler.report(body)

@@ -1,0 +1,219 @@
+"""The scheduler: turns API calls into store transitions, using the pure allocation math.
+
+It holds no state of its own beyond caches derived from settings, so any number of replicas can
+serve one namespace. The clock is injected (tests move it by hand); long-polls re-check the store
+every `poll_interval_s` until their deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+import time
+import uuid
+from typing import Callable
+
+from sara_client.models import (
+    AckResponse, AddPromptsRequest, Batch, BatchGroup, BatchRollout, BatchStats, GroupDecision,
+    HeartbeatResponse, LeaseRequest, LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
+    ResultsResponse, Rollout, SamplingParams,
+)
+
+from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .settings import Settings
+from .store import Store
+
+Clock = Callable[[], float]
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:16]
+
+
+def prompt_id_for(prompt: PromptIn) -> str:
+    """A stable id from the content, so re-adding the same prompt without an id is a no-op."""
+    digest = hashlib.sha256(f"{prompt.task}\0{prompt.prompt}\0{prompt.answer}".encode())
+    return "p" + digest.hexdigest()[:20]
+
+
+def shuffled(ids: list[str], seed: int) -> list[str]:
+    """A reproducible permutation of `ids` for one epoch."""
+    out = list(ids)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+class Scheduler:
+    """API-level operations of one namespace."""
+
+    def __init__(self, settings: Settings, store: Store, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock or time.time
+        s = settings
+        # With a uniform prior every group of a run has the same plan: compute it once.
+        self._prior_plan = plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
+        self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
+                                        max_tokens=s.max_tokens)
+
+    @property
+    def flow_target(self) -> int:
+        """Expected effective groups to keep ready or in the making."""
+        return self.settings.prefetch_batches * self.settings.batch_size
+
+    async def _sleep_until_next_poll(self, deadline: float) -> bool:
+        """Wait one poll interval; False when the deadline has passed."""
+        if self.clock() >= deadline:
+            return False
+        await asyncio.sleep(self.settings.poll_interval_s)
+        return True
+
+    # --- prompts ---------------------------------------------------------------------------------
+
+    async def add_prompts(self, req: AddPromptsRequest) -> tuple[list[str], int]:
+        """Register prompts; returns (ids in request order, how many were new)."""
+        pairs = [(p.id or prompt_id_for(p), p) for p in req.prompts]
+        version = (await self.store.get_policy()).version
+        created = await self.store.add_prompts(pairs, self.settings.prior_alpha,
+                                               self.settings.prior_beta, version)
+        return [pid for pid, _ in pairs], created
+
+    # --- opening groups --------------------------------------------------------------------------
+
+    def _posterior_now(self, post: dict | None, version: int) -> tuple[float, float]:
+        s = self.settings
+        if not post:
+            return s.prior_alpha, s.prior_beta
+        return decay_posterior(post["a"], post["b"], s.prior_alpha, s.prior_beta,
+                               s.posterior_decay, max(0, version - int(post.get("v", version))))
+
+    async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
+        """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
+        s = self.settings
+        if s.prior == "uniform" and s.selection == "epoch":
+            return [(_new_id("g"), pid, self._prior_plan) for pid in pids], 0
+        version = (await self.store.get_policy()).version
+        posts = await self.store.posteriors(pids)
+        chosen, skipped = [], 0
+        for pid, post in zip(pids, posts):
+            a, b = self._posterior_now(post, version)
+            if s.selection == "history" and p_eff(0, 0, s.group_size, a, b) < s.tau_skip:
+                skipped += 1
+                continue
+            plan = self._prior_plan if s.prior == "uniform" else plan_group(
+                s.policy, s.group_size, a, b, s.tau_low)
+            if plan.skip:
+                skipped += 1
+                continue
+            chosen.append((_new_id("g"), pid, plan))
+        return chosen, skipped
+
+    async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
+        """Open enough new groups to supply about `rollouts_wanted` rollouts, flow permitting."""
+        per_group = max(1, self._prior_plan.initial_issue)
+        count = min(self.flow_target, math.ceil(rollouts_wanted / per_group))
+        pids = await self.store.pop_epoch(count, self.settings.seed, shuffled)
+        if not pids:
+            return 0
+        plans, skipped = await self._plans_for(pids)
+        opened = await self.store.open_groups(now, self.flow_target, plans, self.settings.commit,
+                                              skipped)
+        await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
+        return opened
+
+    # --- workers ---------------------------------------------------------------------------------
+
+    async def lease(self, req: LeaseRequest) -> LeaseResponse:
+        """Lease rollouts to a worker, opening groups on demand; long-polls up to wait_s."""
+        s = self.settings
+        lease_id = _new_id("l")
+        deadline = self.clock() + req.wait_s
+        key_ttl = int(s.lease_ttl_s * 4 + s.retention_s)
+        while True:
+            now = self.clock()
+            await self.store.expire_leases(now)
+            expires_at = now + s.lease_ttl_s
+            leased, cancel = await self.store.lease(now, req.worker_id, lease_id, req.max_rollouts,
+                                                    expires_at, key_ttl, req.backend)
+            if len(leased) < req.max_rollouts:
+                if await self.open_groups_for(now, req.max_rollouts - len(leased)):
+                    more, cancel_more = await self.store.lease(
+                        now, req.worker_id, lease_id, req.max_rollouts - len(leased), expires_at,
+                        key_ttl, req.backend)
+                    leased += more
+                    cancel += cancel_more
+            if leased or cancel or not await self._sleep_until_next_poll(deadline):
+                break
+        rollouts = [Rollout(rollout_id=r.rollout_id, group_id=r.group_id, prompt_id=r.prompt_id,
+                            prompt=r.prompt["prompt"], task=r.prompt.get("task", "exact"),
+                            answer=r.prompt.get("answer"), meta=r.prompt.get("meta") or {},
+                            sampling=self._sampling) for r in leased]
+        return LeaseResponse(lease_id=lease_id if rollouts else None,
+                             expires_at=expires_at if rollouts else None,
+                             policy=await self.store.get_policy(), rollouts=rollouts,
+                             cancel=cancel)
+
+    async def heartbeat(self, lease_id: str, worker_id: str) -> HeartbeatResponse:
+        """Extend a lease by lease_ttl_s from now."""
+        now = self.clock()
+        expires_at = now + self.settings.lease_ttl_s
+        cancel = await self.store.heartbeat(now, worker_id, lease_id, expires_at)
+        return HeartbeatResponse(lease_id=lease_id, expires_at=expires_at, cancel=cancel)
+
+    async def report(self, req: ResultsRequest) -> ResultsResponse:
+        """Apply results; a reward at or above success_threshold counts as a success."""
+        s = self.settings
+        successes = [int(r.reward >= s.success_threshold) for r in req.results]
+        applied = await self.store.apply_results(self.clock(), req.worker_id, req.results,
+                                                 successes, s.posterior_decay, s.prior_alpha,
+                                                 s.prior_beta, s.retention_s)
+        return ResultsResponse(
+            accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
+            decisions=[GroupDecision(group_id=g, decision=d) for g, d in applied.decisions],
+            cancel=applied.cancel)
+
+    # --- trainer ---------------------------------------------------------------------------------
+
+    async def next_batch(self, req: NextBatchRequest) -> Batch | None:
+        """A batch of ready groups (or an expired unacked one), or None after wait_s."""
+        s = self.settings
+        size = req.size or s.batch_size
+        deadline = self.clock() + req.wait_s
+        while True:
+            now = self.clock()
+            kind, batch_id = await self.store.form_batch(
+                now, size, now + s.batch_ack_timeout_s, s.max_staleness,
+                s.max_rollouts_per_batch, _new_id("b"), s.retention_s)
+            if kind != "none" and batch_id:
+                return await self._load_batch(batch_id, redelivered=kind == "redeliver")
+            if not await self._sleep_until_next_poll(deadline):
+                return None
+
+    async def _load_batch(self, batch_id: str, redelivered: bool) -> Batch:
+        meta = await self.store.read_batch(batch_id)
+        gids = meta["groups"].split(",")
+        rows = await self.store.read_groups(gids)
+        prompts = await self.store.read_prompts([row.get("prompt_id", "") for row in rows])
+        groups = []
+        for gid, row, prompt in zip(gids, rows, prompts):
+            slots = sorted(int(f[2:]) for f in row if f.startswith("r:"))
+            rollouts = [BatchRollout.model_validate_json(row[f"r:{i}"]) for i in slots]
+            prompt = prompt or {}
+            groups.append(BatchGroup(group_id=gid, prompt_id=row.get("prompt_id", ""),
+                                     prompt=prompt.get("prompt", ""), answer=prompt.get("answer"),
+                                     task=prompt.get("task", "exact"), rollouts=rollouts))
+        return Batch(batch_id=batch_id, policy_version=int(meta["policy_version"]),
+                     created_at=float(meta["created_at"]), redelivered=redelivered,
+                     groups=groups, stats=BatchStats.model_validate_json(meta["stats"]))
+
+    async def ack(self, batch_id: str) -> AckResponse:
+        """Confirm a batch; acking twice is harmless."""
+        already = await self.store.ack(self.clock(), batch_id, self.settings.retention_s)
+        return AckResponse(batch_id=batch_id, acked=True, already_acked=already)
+
+    async def maintain(self) -> tuple[int, int]:
+        """Periodic upkeep: re-issue expired leases, delete finished groups past retention."""
+        now = self.clock()
+        return await self.store.expire_leases(now), await self.store.collect_garbage(now)

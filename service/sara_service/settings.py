@@ -1,0 +1,82 @@
+"""Scheduler settings: `SARA_*` environment variables, overridden by CLI flags.
+
+Nothing here is built at import time; `Settings()` reads the environment when it is called.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
+SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
+PriorMode = Literal["uniform", "history"]
+CommitMode = Literal["complete", "partial"]
+
+
+class Settings(BaseSettings):
+    """Everything one scheduler replica needs; every replica of a namespace must agree on it."""
+
+    model_config = SettingsConfigDict(env_prefix="SARA_", extra="ignore")
+
+    redis_url: str | None = Field(None, description="Redis to use; unset starts an embedded one.")
+    data_dir: Path = Field(Path("./sara-data"), description="Embedded Redis data (AOF).")
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+
+    policy: AllocationPolicy = "sara"
+    selection: SelectionPolicy = "epoch"
+    prior: PriorMode = "uniform"
+    commit: CommitMode = "complete"
+    group_size: int = Field(8, ge=2, le=1024, description="k, rollouts per group.")
+    tau_low: float = Field(0.5, ge=0.0, le=1.0)
+    tau_skip: float = Field(0.1, ge=0.0, le=1.0)
+    prior_alpha: float = Field(1.0, gt=0.0)
+    prior_beta: float = Field(1.0, gt=0.0)
+    posterior_decay: float = Field(0.5, ge=0.0, le=1.0, description="lambda per policy version.")
+    success_threshold: float = Field(0.5, description="A reward >= this counts as a success.")
+    seed: int = 0
+
+    batch_size: int = Field(32, ge=1, le=4096)
+    prefetch_batches: int = Field(2, ge=1, le=64)
+    max_staleness: int = Field(1, ge=0)
+    max_rollouts_per_batch: int | None = Field(None, ge=1)
+    lease_ttl_s: float = Field(60.0, gt=0.0)
+    batch_ack_timeout_s: float = Field(300.0, gt=0.0)
+    retention_s: float = Field(3600.0, gt=0.0, description="How long finished groups are kept.")
+    worker_stale_s: float = Field(120.0, gt=0.0)
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(256, ge=1)
+
+    poll_interval_s: float = Field(0.02, gt=0.0, description="Long-poll re-check interval.")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+
+    worker_token: SecretStr | None = None
+    trainer_token: SecretStr | None = None
+    operator_token: SecretStr | None = None
+    admin_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _check_thresholds(self) -> "Settings":
+        if self.selection in ("dps", "mopps"):
+            raise ValueError(f"selection={self.selection!r} is not implemented yet; "
+                             "use 'epoch' or 'history'")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        """True once any role token is configured; then every route needs one."""
+        return any(t is not None for t in (self.worker_token, self.trainer_token,
+                                           self.operator_token, self.admin_token))
+
+    def public_config(self) -> dict:
+        """The configuration in force, without secrets, as /stats shows it."""
+        hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url"}
+        out = self.model_dump(mode="json", exclude=hidden)
+        out["auth_enabled"] = self.auth_enabled
+        out["redis"] = "external" if self.redis_url else "embedded"
+        return out

@@ -1,0 +1,337 @@
+"""Redis store: one Lua script per state transition, plus the reads the API needs.
+
+Every method takes `now` from the caller (the scheduler's injected clock), so scripts never read
+Redis' own TIME and tests can move time by hand. Domain errors are raised here; Redis being
+unreachable surfaces as `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Awaitable, Callable, TypeVar
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from sara_client.models import PolicyInfo, PromptIn, RolloutResult
+
+from .allocation import GroupPlan
+from .errors import Conflict, NotFound, StoreUnavailable, UnknownRollouts
+from .keys import Keys, split_rollout_id
+
+SCRIPTS = ("open_groups", "lease", "expire_leases", "heartbeat", "apply_results", "form_batch",
+           "ack_batch", "publish_policy", "add_prompts", "refill_epoch")
+
+T = TypeVar("T")
+
+
+def _unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Turn connection-level Redis failures into StoreUnavailable (the API answers 503)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.BusyLoadingError, OSError) as exc:
+            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+
+    return wrapper
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class LeasedRollout:
+    rollout_id: str
+    group_id: str
+    prompt_id: str
+    prompt: dict[str, Any]
+
+
+@dataclass
+class AppliedResults:
+    accepted: int
+    duplicates: int
+    late: int
+    decisions: list[tuple[str, str]]
+    cancel: list[str]
+
+
+class Store:
+    """All Redis access of one namespace."""
+
+    def __init__(self, client: aioredis.Redis, namespace: str) -> None:
+        self.redis = client
+        self.keys = Keys(namespace)
+        lua = resources.files("sara_service") / "lua"
+        self._scripts = {name: client.register_script((lua / f"{name}.lua").read_text())
+                         for name in SCRIPTS}
+
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return await self._scripts[name](keys=keys, args=args)
+
+    @_unavailable_on_redis_error
+    async def ping(self) -> bool:
+        """True when Redis answers."""
+        return bool(await self.redis.ping())
+
+    # --- prompts ---------------------------------------------------------------------------------
+
+    @_unavailable_on_redis_error
+    async def add_prompts(self, prompts: list[tuple[str, PromptIn]], alpha0: float,
+                          beta0: float, version: int) -> int:
+        """Register prompts (id, content); returns how many were new."""
+        k = self.keys
+        initial = json.dumps({"a": alpha0, "b": beta0, "v": version})
+        args: list[Any] = [initial]
+        for pid, p in prompts:
+            args += [pid, json.dumps({"prompt": p.prompt, "answer": p.answer, "task": p.task,
+                                      "meta": p.meta})]
+        return int(await self._run("add_prompts", [k.prompts, k.posteriors], args))
+
+    @_unavailable_on_redis_error
+    async def get_prompt(self, pid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(content, posterior JSON) of one prompt; NotFound if unknown."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.prompts, pid)
+        pipe.hget(self.keys.posteriors, pid)
+        content, posterior = await pipe.execute()
+        if content is None:
+            raise NotFound("unknown_prompt", f"no prompt with id {pid!r}")
+        return json.loads(content), json.loads(posterior or "{}")
+
+    @_unavailable_on_redis_error
+    async def posteriors(self, pids: list[str]) -> list[dict[str, Any] | None]:
+        """Posterior JSON of each prompt id (None where unknown)."""
+        if not pids:
+            return []
+        raw = await self.redis.hmget(self.keys.posteriors, pids)
+        return [json.loads(r) if r else None for r in raw]
+
+    @_unavailable_on_redis_error
+    async def pop_epoch(self, count: int, seed: int,
+                        shuffle: Callable[[list[str], int], list[str]]) -> list[str]:
+        """Up to `count` prompt ids from the epoch queue, starting a new epoch when it runs dry."""
+        k = self.keys
+        got = [_s(x) for x in (await self.redis.lpop(k.epoch_queue, count) or [])]
+        for _ in range(2):  # at most one refill per call: a tiny pool gives fewer than asked
+            if len(got) >= count:
+                break
+            epoch = int(await self.redis.get(k.epoch) or 0)
+            ids = sorted(_s(x) for x in await self.redis.hkeys(k.prompts))
+            if not ids:
+                break
+            await self._run("refill_epoch", [k.epoch_queue, k.epoch],
+                            [epoch, *shuffle(ids, seed * 1_000_003 + epoch)])
+            more = await self.redis.lpop(k.epoch_queue, count - len(got)) or []
+            got += [_s(x) for x in more]
+        return got
+
+    @_unavailable_on_redis_error
+    async def unpop_epoch(self, pids: list[str]) -> None:
+        """Give back prompt ids that were popped but not opened (front of the queue, in order)."""
+        if pids:
+            await self.redis.lpush(self.keys.epoch_queue, *reversed(pids))
+
+    # --- groups and leases ----------------------------------------------------------------------
+
+    @_unavailable_on_redis_error
+    async def open_groups(self, now: float, flow_target: int,
+                          groups: list[tuple[str, str, GroupPlan]], commit: str,
+                          skipped: int = 0) -> int:
+        """Open (group id, prompt id, plan) in order while flow control allows; returns how many."""
+        k = self.keys
+        specs = [{"gid": gid, "pid": pid, "k": plan.k, "thr_f": plan.after_failures,
+                  "thr_s": plan.after_successes, "issue": plan.initial_issue,
+                  "pf": [repr(x) for x in plan.p_eff_fail],
+                  "ps": [repr(x) for x in plan.p_eff_success],
+                  "deliver_sat": int(plan.deliver_saturated), "commit": commit}
+                 for gid, pid, plan in groups]
+        keys = [k.stats, k.open_groups, k.ready, k.pending, k.slots, k.group_states,
+                k.group_prompt, k.posteriors, *(k.group(gid) for gid, _, _ in groups)]
+        return int(await self._run("open_groups", keys,
+                                   [now, flow_target, json.dumps(specs), skipped]))
+
+    @_unavailable_on_redis_error
+    async def expire_leases(self, now: float, limit: int = 1000) -> int:
+        """Re-queue rollouts whose lease expired; returns how many."""
+        k = self.keys
+        return int(await self._run("expire_leases", [k.inflight, k.slots, k.pending, k.stats],
+                                   [now, limit]))
+
+    @_unavailable_on_redis_error
+    async def lease(self, now: float, worker_id: str, lease_id: str, max_rollouts: int,
+                    expires_at: float, key_ttl_s: int, backend: str | None
+                    ) -> tuple[list[LeasedRollout], list[str]]:
+        """Lease pending rollouts to a worker; returns (rollouts, cancel list)."""
+        k = self.keys
+        keys = [k.pending, k.slots, k.inflight, k.stats, k.cancels, k.lease(lease_id),
+                k.lease_rollouts(lease_id), k.workers, k.group_prompt, k.prompts, k.worker_info]
+        flat, cancel = await self._run("lease", keys, [now, worker_id, lease_id, max_rollouts,
+                                                       expires_at, key_ttl_s, backend or ""])
+        rollouts = []
+        for i in range(0, len(flat), 3):
+            rid, pid = _s(flat[i]), _s(flat[i + 1])
+            group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
+            rollouts.append(LeasedRollout(rid, group_id, pid, json.loads(flat[i + 2])))
+        return rollouts, _s(cancel).split()
+
+    @_unavailable_on_redis_error
+    async def heartbeat(self, now: float, worker_id: str, lease_id: str,
+                        expires_at: float) -> list[str]:
+        """Extend a lease; returns the worker's cancel list."""
+        k = self.keys
+        keys = [k.lease(lease_id), k.lease_rollouts(lease_id), k.inflight, k.slots, k.cancels,
+                k.workers]
+        out = await self._run("heartbeat", keys, [now, worker_id, lease_id, expires_at])
+        status = _s(out[0])
+        if status == "unknown":
+            raise NotFound("unknown_lease", f"no lease with id {lease_id!r} (it may have expired)")
+        if status == "not_yours":
+            raise Conflict("lease_owner", f"lease {lease_id!r} belongs to worker {_s(out[1])!r}")
+        return _s(out[1]).split()
+
+    @_unavailable_on_redis_error
+    async def apply_results(self, now: float, worker_id: str, results: list[RolloutResult],
+                            successes: list[int], decay: float, alpha0: float, beta0: float,
+                            retention_s: float) -> AppliedResults:
+        """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown."""
+        k = self.keys
+        group_index: dict[str, int] = {}
+        unknown: list[str] = []
+        args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, len(results)]
+        base = 15  # KEYS positions 1..14 are the fixed keys below (Lua counts from 1)
+        for r, ok in zip(results, successes):
+            parsed = split_rollout_id(r.rollout_id)
+            if parsed is None:
+                unknown.append(r.rollout_id)
+                continue
+            gid = parsed[0]
+            idx = group_index.setdefault(gid, base + len(group_index))
+            blob = r.model_dump_json(exclude_none=True)
+            args += [r.rollout_id, idx, ok, r.completion_tokens, r.policy_version, blob]
+        if unknown:
+            raise UnknownRollouts(unknown)
+        keys = [k.slots, k.inflight, k.pending, k.stats, k.open_groups, k.ready, k.posteriors,
+                k.cancels, k.abandon_hist, k.workers, k.worker_info, k.policy, k.gc,
+                k.group_states, *(k.group(g) for g in group_index)]
+        out = await self._run("apply_results", keys, args)
+        if _s(out[0]) == "unknown":
+            raise UnknownRollouts([_s(x) for x in out[1]])
+        flat = [_s(x) for x in out[4]]
+        decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
+                              _s(out[5]).split())
+
+    # --- batches and policy ---------------------------------------------------------------------
+
+    @_unavailable_on_redis_error
+    async def form_batch(self, now: float, size: int, ack_deadline: float, max_staleness: int,
+                         rollout_cap: int | None, batch_id: str, retention_s: float
+                         ) -> tuple[str, str | None]:
+        """('new'|'redeliver', batch id) or ('none', None)."""
+        k = self.keys
+        keys = [k.ready, k.unacked, k.stats, k.policy, k.batch(batch_id), k.batch_window,
+                k.recent_batches, k.group_states, k.gc]
+        out = await self._run("form_batch", keys, [now, size, ack_deadline, max_staleness,
+                                                   rollout_cap or 0, batch_id, retention_s])
+        kind = _s(out[0])
+        return kind, (_s(out[1]) if len(out) > 1 else None)
+
+    @_unavailable_on_redis_error
+    async def read_batch(self, batch_id: str) -> dict[str, str]:
+        """The batch hash; NotFound when it does not exist."""
+        raw = await self.redis.hgetall(self.keys.batch(batch_id))
+        if not raw:
+            raise NotFound("unknown_batch", f"no batch with id {batch_id!r}")
+        return {_s(a): _s(b) for a, b in raw.items()}
+
+    @_unavailable_on_redis_error
+    async def read_groups(self, group_ids: list[str]) -> list[dict[str, str]]:
+        """Raw hash of each group (empty dict for a group that no longer exists)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in group_ids:
+            pipe.hgetall(self.keys.group(gid))
+        rows = await pipe.execute()
+        return [{_s(a): _s(b) for a, b in row.items()} for row in rows]
+
+    @_unavailable_on_redis_error
+    async def read_prompts(self, pids: list[str]) -> list[dict[str, Any] | None]:
+        """Prompt content of each id (None where unknown)."""
+        if not pids:
+            return []
+        raw = await self.redis.hmget(self.keys.prompts, pids)
+        return [json.loads(r) if r else None for r in raw]
+
+    @_unavailable_on_redis_error
+    async def ack(self, now: float, batch_id: str, retention_s: float) -> bool:
+        """Ack a batch; True when it was acked before. NotFound if unknown."""
+        k = self.keys
+        out = _s(await self._run("ack_batch", [k.batch(batch_id), k.unacked, k.stats,
+                                               k.group_states, k.gc],
+                                 [now, batch_id, retention_s]))
+        if out == "unknown":
+            raise NotFound("unknown_batch", f"no batch with id {batch_id!r}")
+        return out == "already"
+
+    @_unavailable_on_redis_error
+    async def get_policy(self) -> PolicyInfo:
+        """The current policy version and checkpoint (version 0 before any publish)."""
+        raw = await self.redis.hmget(self.keys.policy, ["version", "checkpoint"])
+        checkpoint = _s(raw[1]) if raw[1] else None
+        return PolicyInfo(version=int(raw[0] or 0), checkpoint=checkpoint or None)
+
+    @_unavailable_on_redis_error
+    async def publish_policy(self, now: float, version: int, checkpoint: str | None) -> PolicyInfo:
+        """Publish a strictly newer version; Conflict otherwise."""
+        out = await self._run("publish_policy", [self.keys.policy],
+                              [version, checkpoint or "", now])
+        if _s(out[0]) == "stale":
+            raise Conflict("stale_policy_version",
+                           f"version {version} is not newer than the current {int(out[1])}")
+        return PolicyInfo(version=version, checkpoint=checkpoint)
+
+    @_unavailable_on_redis_error
+    async def group_state(self, group_ids: list[str]) -> list[str | None]:
+        """Lifecycle state of each group (None where unknown)."""
+        if not group_ids:
+            return []
+        raw = await self.redis.hmget(self.keys.group_states, group_ids)
+        return [_s(r) if r else None for r in raw]
+
+    @_unavailable_on_redis_error
+    async def slot_states(self, rollout_ids: list[str]) -> list[str | None]:
+        """Raw slot state of each rollout id."""
+        if not rollout_ids:
+            return []
+        raw = await self.redis.hmget(self.keys.slots, rollout_ids)
+        return [_s(r) if r else None for r in raw]
+
+    @_unavailable_on_redis_error
+    async def collect_garbage(self, now: float, limit: int = 200) -> int:
+        """Delete finished groups whose retention ran out; returns how many."""
+        k = self.keys
+        due = [_s(g) for g in await self.redis.zrangebyscore(k.gc, "-inf", now, 0, limit)]
+        if not due:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in due:
+            pipe.hget(k.group(gid), "issued")
+        issued = await pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        for gid, n in zip(due, issued):
+            slots = [f"{gid}:{i}" for i in range(int(n or 0))]
+            if slots:
+                pipe.hdel(k.slots, *slots)
+            pipe.delete(k.group(gid))
+            pipe.hdel(k.group_states, gid)
+            pipe.hdel(k.group_prompt, gid)
+            pipe.zrem(k.gc, gid)
+        await pipe.execute()
+        return len(due)

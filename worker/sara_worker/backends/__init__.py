@@ -1,0 +1,1 @@
+"""SARA package."""
