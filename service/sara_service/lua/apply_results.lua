@@ -66,7 +66,7 @@ end
 
 local function issue(gkey, gid, from, to)
   if to <= from then return end
-  for slot = from, to - 1 do
+  for slot = to - 1, from, -1 do  -- backwards: pushed onto the front, they keep slot order
     local rid = gid .. ':' .. slot
     redis.call('HSET', S, rid, 'p')
     -- decided groups and probes that decide a group go first: they finish or free work sooner
@@ -174,6 +174,7 @@ for i = 1, count do
   tokens = tokens + tonumber(arg(i, 4))
   newest = math.max(newest, tonumber(arg(i, 5)))
   local st = redis.call('HGET', S, rid)
+  local decision = nil
   if st == 'd' then
     dups = dups + 1
   else
@@ -197,18 +198,20 @@ for i = 1, count do
       else g.f = redis.call('HINCRBY', gkey, 'f', 1) end
       accepted = accepted + 1
       local state = redis.call('HGET', GSTATE, gid)
+      local d = nil
       if state == 'open' then
-        local d = decide_open(gkey, gid, g)
+        d = decide_open(gkey, gid, g)
         redis.call('HINCRBY', STATS, 'decisions_' .. d, 1)
         state = redis.call('HGET', GSTATE, gid)
         g.issued = tonumber(redis.call('HGET', gkey, 'issued'))
       end
       maybe_complete(gkey, gid, g, state)
+      decision = d
     end
     if not decided[gid] then order[#order + 1] = gid end
-    local final = redis.call('HGET', GSTATE, gid)
-    decided[gid] = (final == 'open' and 'continue') or
-      ((final == 'abandoned' or final == 'dropped') and 'abandon') or 'commit'
+    -- a group decided earlier answers with its standing verdict
+    decided[gid] = decision or (redis.call('HGET', GSTATE, gid) == 'abandoned' and 'abandon')
+      or 'commit'
   end
 end
 

@@ -4,7 +4,9 @@
 -- returns the number of rollouts issued again
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued = 0
-for _, rid in ipairs(due) do
+-- walk backwards so that, pushed onto the front one by one, they keep their order
+for i = #due, 1, -1 do
+  local rid = due[i]
   redis.call('ZREM', KEYS[1], rid)
   local state = redis.call('HGET', KEYS[2], rid)
   if state and string.sub(state, 1, 2) == 'l|' then

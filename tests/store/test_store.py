@@ -1,0 +1,243 @@
+"""Each Lua transition against a real Redis, through the Store API."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sara_client.models import PromptIn, RolloutResult
+from sara_service.allocation import plan_group
+from sara_service.errors import Conflict, NotFound, UnknownRollouts
+
+pytestmark = pytest.mark.anyio
+
+SARA8 = plan_group("sara", 8, 1.0, 1.0, 0.5)  # abandon after 4 pure outcomes, probe 4
+DS8 = plan_group("dynamic_sampling", 8, 1.0, 1.0, 0.5)
+UNI8 = plan_group("uniform", 8, 1.0, 1.0, 0.5)
+
+
+async def report(store, worker, pairs, now=1.0):
+    """Apply [(rollout_id, success)] as one results call."""
+    results = [RolloutResult(rollout_id=rid, reward=float(ok), completion_tokens=3)
+               for rid, ok in pairs]
+    return await store.apply_results(now, worker, results, [ok for _, ok in pairs], 0.5, 1.0, 1.0,
+                                     100.0)
+
+
+async def lease(store, worker, n, now=0.0, lease_id="L1", ttl=10.0):
+    rollouts, cancel = await store.lease(now, worker, lease_id, n, now + ttl, 100, "sim")
+    return [r.rollout_id for r in rollouts], cancel
+
+
+async def counters(store):
+    raw = await store.redis.hgetall(store.keys.stats)
+    return {k.decode(): float(v) for k, v in raw.items()}
+
+
+async def test_add_prompts_is_idempotent_on_id(store):
+    prompts = [("a", PromptIn(prompt="1+1", answer="2")), ("b", PromptIn(prompt="2+2"))]
+    assert await store.add_prompts(prompts, 1.0, 1.0, 0) == 2
+    assert await store.add_prompts([("a", PromptIn(prompt="changed"))], 1.0, 1.0, 0) == 0
+    content, post = await store.get_prompt("a")
+    assert content["prompt"] == "1+1" and post == {"a": 1.0, "b": 1.0, "v": 0}
+    with pytest.raises(NotFound):
+        await store.get_prompt("nope")
+
+
+async def test_epoch_visits_every_prompt_once_then_refills_once(store):
+    await store.add_prompts([(f"p{i}", PromptIn(prompt=str(i))) for i in range(5)], 1, 1, 0)
+    rev = lambda ids, seed: list(reversed(ids))  # noqa: E731 - a deterministic "shuffle"
+    first = await store.pop_epoch(3, 0, rev) + await store.pop_epoch(3, 0, rev)
+    assert sorted(first) == ["p"] + [f"p{i}" for i in range(5)]  # "p" is the fixture's
+    assert int(await store.redis.get(store.keys.epoch)) == 1
+    await store.pop_epoch(1, 0, rev)
+    assert int(await store.redis.get(store.keys.epoch)) == 2
+
+
+async def test_refill_by_two_replicas_that_saw_the_same_epoch_happens_once(store):
+    k = store.keys
+    script = store._scripts["refill_epoch"]
+    assert int(await script(keys=[k.epoch_queue, k.epoch], args=[0, "x", "y"])) == 1
+    assert int(await script(keys=[k.epoch_queue, k.epoch], args=[0, "y", "x"])) == 1
+    assert await store.redis.lrange(k.epoch_queue, 0, -1) == [b"x", b"y"]
+
+
+async def test_flow_control_stops_opening_at_the_expected_yield_target(store):
+    groups = [(f"g{i}", "p", SARA8) for i in range(10)]
+    # each new sara group is worth p_eff(0) = 7/9 expected effective groups
+    opened = await store.open_groups(0.0, 2, groups, "complete")
+    assert opened == 3  # 0 -> 7/9 -> 14/9 -> 21/9 >= 2
+    assert (await counters(store))["rollouts_issued"] == 3 * SARA8.initial_issue
+
+
+async def test_lease_skips_cancelled_rollouts_and_hands_out_cancel_lists(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    ids, _ = await lease(store, "w1", 2, lease_id="L1")
+    assert ids == ["g:0", "g:1"]
+    # two failures, then the worker w2 holds g:2 when the fourth failure abandons the group
+    ids2, _ = await lease(store, "w2", 1, lease_id="L2")
+    await report(store, "w1", [("g:0", 0), ("g:1", 0)])
+    applied = await report(store, "w3", [("g:3", 0), ("g:2", 0)])
+    assert applied.decisions == [("g", "abandon")]
+    assert ids2 == ["g:2"]
+    # g:2 was answered by w3 first: w2's copy is pointless and w2 is told so
+    _, cancel = await lease(store, "w2", 5, lease_id="L3")
+    assert cancel == ["g:2"]
+    assert await lease(store, "w2", 5, lease_id="L4") == ([], [])  # drained once
+
+
+async def test_abandon_cancels_outstanding_rollouts_and_late_results_only_move_the_posterior(
+        store):
+    # SARA's own plans never have a rollout outstanding at abandonment (they issue exactly up to
+    # the threshold); a plan that probes all k at once exercises the cancellation path.
+    eager = dataclasses.replace(SARA8, initial_issue=8)
+    await store.open_groups(0.0, 100, [("g", "p", eager)], "complete")
+    held, _ = await lease(store, "w1", 2, lease_id="L1")  # g:0, g:1 leased to w1
+    applied = await report(store, "w2", [("g:2", 0), ("g:3", 0), ("g:4", 0), ("g:5", 0)])
+    assert applied.decisions == [("g", "abandon")]
+    c = await counters(store)
+    assert c["rollouts_cancelled"] == 4  # g:0, g:1 (leased) and g:6, g:7 (pending)
+    assert c["rollouts_saved_vs_ds"] == 0  # all k were issued: nothing saved against DS
+    assert await store.slot_states(["g:0", "g:6"]) == ["c", "c"]
+    # the pending ones are never leased, and w1 learns to abort its two
+    ids, cancel = await lease(store, "w1", 8, lease_id="L2")
+    assert ids == [] and sorted(cancel) == held
+    _, post_before = await store.get_prompt("p")
+    late = await report(store, "w1", [("g:0", 1)])
+    assert (late.accepted, late.late, late.decisions) == (0, 1, [("g", "abandon")])
+    _, post_after = await store.get_prompt("p")
+    assert post_after["a"] == post_before["a"] + 1
+    after = await counters(store)
+    for name in ("rollouts_completed", "rollouts_cancelled", "groups_abandoned"):
+        assert after[name] == c[name]
+
+
+async def test_unknown_rollout_applies_nothing(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    before = await counters(store)
+    with pytest.raises(UnknownRollouts) as info:
+        await report(store, "w", [("g:0", 1), ("zz:0", 1), ("g:7", 0), ("bad", 1)])
+    assert set(info.value.detail["unknown_rollout_ids"]) <= {"zz:0", "g:7", "bad"}
+    assert await counters(store) == before
+
+
+async def test_expired_lease_is_issued_again_and_first_result_wins(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    ids, _ = await lease(store, "w1", 4, now=0.0, ttl=10.0)
+    assert await store.expire_leases(5.0) == 0
+    assert await store.expire_leases(10.5) == 4
+    again, _ = await lease(store, "w2", 4, now=11.0, lease_id="L2")
+    assert again == ids
+    first = await report(store, "w1", [("g:0", 1)], now=12.0)  # the original holder answers first
+    assert first.accepted == 1
+    second = await report(store, "w2", [("g:0", 0)], now=12.5)
+    assert (second.accepted, second.duplicates) == (0, 1)
+    assert second.cancel == ["g:0"]  # w2's copy was pointless once w1 answered
+    (row,) = await store.read_groups(["g"])
+    assert (row["done"], row["s"]) == ("1", "1")  # counted once, with the first answer
+
+
+async def test_heartbeat_extends_every_rollout_of_the_lease(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    await lease(store, "w1", 4, now=0.0, ttl=10.0)
+    assert await store.heartbeat(8.0, "w1", "L1", 18.0) == []
+    assert await store.expire_leases(15.0) == 0
+    assert await store.expire_leases(18.5) == 4
+    with pytest.raises(NotFound):
+        await store.heartbeat(19.0, "w1", "nope", 29.0)
+    with pytest.raises(Conflict):
+        await store.heartbeat(19.0, "w2", "L1", 29.0)
+
+
+async def _ready_group(store, gid, plan=DS8, outcomes=(1, 0, 1, 1, 0, 1, 0, 1), version=0):
+    await store.open_groups(0.0, 100, [(gid, "p", plan)], "complete")
+    results = [RolloutResult(rollout_id=f"{gid}:{i}", reward=float(o), policy_version=version)
+               for i, o in enumerate(outcomes)]
+    return await store.apply_results(1.0, "w", results, list(outcomes), 0.5, 1.0, 1.0, 100.0)
+
+
+async def test_batch_forms_only_when_full_and_is_redelivered_until_acked(store):
+    await _ready_group(store, "a")
+    assert await store.form_batch(2.0, 2, 10.0, 1, None, "b1", 100.0) == ("none", None)
+    await _ready_group(store, "b")
+    assert await store.form_batch(2.0, 2, 10.0, 1, None, "b1", 100.0) == ("new", "b1")
+    assert (await store.read_batch("b1"))["groups"] == "a,b"
+    assert await store.form_batch(5.0, 2, 15.0, 1, None, "b2", 100.0) == ("none", None)
+    assert await store.form_batch(11.0, 2, 20.0, 1, None, "b3", 100.0) == ("redeliver", "b1")
+    assert await store.ack(12.0, "b1", 100.0) is False
+    assert await store.ack(12.0, "b1", 100.0) is True
+    assert await store.form_batch(30.0, 2, 40.0, 1, None, "b4", 100.0) == ("none", None)
+    with pytest.raises(NotFound):
+        await store.ack(12.0, "nope", 100.0)
+    c = await counters(store)
+    assert (c["batches_formed"], c["batches_redelivered"], c["batches_acked"]) == (1, 1, 1)
+    assert c["groups_delivered"] == 2 and c["rollouts_delivered"] == 16
+
+
+async def test_stale_groups_are_dropped_at_delivery(store):
+    await _ready_group(store, "old", version=0)
+    await _ready_group(store, "new", version=2)
+    await store.publish_policy(1.0, 2, "ckpt-2")
+    assert await store.form_batch(2.0, 1, 10.0, 1, None, "b1", 100.0) == ("new", "b1")
+    assert (await store.read_batch("b1"))["groups"] == "new"
+    assert (await counters(store))["groups_dropped_stale"] == 1
+    assert await store.group_state(["old"]) == ["dropped"]
+
+
+async def test_rollout_cap_ends_a_batch_early(store):
+    await _ready_group(store, "a")
+    # 8 rollouts completed since the last batch; a cap of 8 closes the batch with what it has
+    assert await store.form_batch(2.0, 4, 10.0, 1, 9, "b0", 100.0) == ("none", None)
+    assert await store.form_batch(2.0, 4, 10.0, 1, 8, "b1", 100.0) == ("new", "b1")
+    batch = await store.read_batch("b1")
+    assert '"ended_early":true' in batch["stats"] and '"rollouts_spent":8' in batch["stats"]
+
+
+async def test_dynamic_sampling_drops_saturated_and_uniform_delivers_them(store):
+    await _ready_group(store, "ds", plan=DS8, outcomes=(1,) * 8)
+    await _ready_group(store, "uni", plan=UNI8, outcomes=(1,) * 8)
+    assert await store.group_state(["ds", "uni"]) == ["dropped", "ready"]
+
+
+async def test_partial_commit_delivers_the_mixed_prefix(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "partial")
+    out = await report(store, "w", [("g:0", 1), ("g:1", 0)])
+    assert out.decisions == [("g", "commit")]
+    (row,) = await store.read_groups(["g"])
+    assert int(row["issued"]) == 4  # nothing more is issued
+    await report(store, "w", [("g:2", 1), ("g:3", 1)])
+    assert await store.group_state(["g"]) == ["ready"]
+
+
+async def test_policy_versions_only_move_forward(store):
+    assert (await store.get_policy()).version == 0
+    assert (await store.publish_policy(1.0, 3, "c3")).version == 3
+    with pytest.raises(Conflict):
+        await store.publish_policy(1.0, 3, "again")
+    assert (await store.get_policy()).checkpoint == "c3"
+
+
+async def test_posterior_decays_toward_the_prior_as_the_policy_moves(store):
+    await store.add_prompts([("p", PromptIn(prompt="q"))], 1.0, 1.0, 0)
+    await _ready_group(store, "a", outcomes=(1, 1, 1, 1, 1, 1, 1, 0))
+    _, post = await store.get_prompt("p")
+    assert (post["a"], post["b"]) == (8.0, 2.0)
+    await store.publish_policy(1.0, 2, None)
+    await _ready_group(store, "b", outcomes=(0, 1, 1, 1, 1, 1, 1, 1))
+    _, post = await store.get_prompt("p")
+    # decayed by 0.5^2 first: a = 1 + 7/4, b = 1 + 1/4; then 7 successes and 1 failure
+    assert post["a"] == pytest.approx(1 + 7 / 4 + 7) and post["b"] == pytest.approx(1 + 1 / 4 + 1)
+    assert post["v"] == 2 and post["groups"] == 2
+
+
+async def test_garbage_collection_removes_finished_groups(store):
+    await _ready_group(store, "a")
+    await _ready_group(store, "b")
+    await store.form_batch(2.0, 2, 10.0, 1, None, "b1", 100.0)
+    await store.ack(3.0, "b1", 50.0)
+    assert await store.collect_garbage(52.0) == 0
+    assert await store.collect_garbage(53.5) == 2
+    assert await store.read_groups(["a"]) == [{}]
+    assert await store.slot_states(["a:0", "b:7"]) == [None, None]
+    assert await store.group_state(["a"]) == [None]
