@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SARA_", extra="ignore")
 
     redis_url: str | None = Field(None, description="Redis to use; unset starts an embedded one.")
+    redis_embedded: bool = Field(False, description="Set by `sara serve` when it started Redis.")
     data_dir: Path = Field(Path("./sara-data"), description="Embedded Redis data (AOF).")
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -78,5 +79,5 @@ class Settings(BaseSettings):
         hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url"}
         out = self.model_dump(mode="json", exclude=hidden)
         out["auth_enabled"] = self.auth_enabled
-        out["redis"] = "external" if self.redis_url else "embedded"
+        out["redis"] = "embedded" if self.redis_embedded or not self.redis_url else "external"
         return out

@@ -1,0 +1,293 @@
+"""`sara`: the one command (serve, load, stats; worker, train, demo and bench to come).
+
+Every heavy import (fastapi, uvicorn, redis, the client SDK, torch, vllm) happens inside the
+command that needs it, so `sara --help` is fast and needs none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+app = typer.Typer(
+    name="sara",
+    help="SARA: sequential adaptive rollout allocation for RL with verifiable rewards.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="SARA_URL", help="Scheduler base URL.")]
+TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="SARA_TOKEN",
+                                                 help="Bearer token (admin or operator).")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+LOAD_CHUNK = 1000  # prompts per POST /prompts (the service accepts up to 10,000)
+
+
+def _err(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code)
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+def _app_from_env():
+    """uvicorn factory for --workers > 1: each worker process rebuilds Settings from SARA_* env."""
+    from sara_service.app import create_app
+    from sara_service.settings import Settings
+
+    return create_app(Settings())
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # unwinds through `finally`, which stops the embedded Redis
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    redis_url: Annotated[Optional[str], typer.Option(help="Redis URL; unset: embedded.")] = None,
+    namespace: Annotated[Optional[str], typer.Option(help="Run namespace.")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="uniform, dynamic_sampling, sara.")] = None,
+    selection: Annotated[Optional[str], typer.Option(help="epoch or history.")] = None,
+    group_size: Annotated[Optional[int], typer.Option(help="k, rollouts per group.")] = None,
+    tau_low: Annotated[Optional[float], typer.Option(help="Abandonment threshold.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Groups per batch.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Embedded Redis data dir.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run the scheduler. Flags override SARA_* environment variables."""
+    import logging
+
+    from pydantic import ValidationError
+
+    from sara_service.settings import Settings
+
+    flags = {"redis_url": redis_url, "namespace": namespace, "policy": policy,
+             "selection": selection, "group_size": group_size, "tau_low": tau_low,
+             "batch_size": batch_size, "data_dir": data_dir}
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as e:
+        raise _err(f"invalid settings:\n{e}", 2) from None
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    embedded = None
+    try:
+        if settings.redis_url is None:
+            from sara_service.embedded import EmbeddedRedis
+
+            embedded = EmbeddedRedis(settings.data_dir).start()
+            typer.echo(f"sara: embedded redis at {embedded.url} (AOF in {embedded.data_dir})")
+            settings = settings.model_copy(update={"redis_url": embedded.url,
+                                                  "redis_embedded": True})
+        if settings.auth_enabled:
+            roles = [r for r in ("worker", "trainer", "operator", "admin")
+                     if getattr(settings, f"{r}_token") is not None]
+            typer.echo(f"sara: auth on: bearer tokens for {', '.join(roles)}")
+        else:
+            typer.echo("sara: auth OPEN: no SARA_*_TOKEN set, anyone who can reach "
+                       f"{host}:{port} can do everything")
+        typer.echo(f"sara: namespace={settings.namespace} policy={settings.policy} "
+                   f"k={settings.group_size} tau_low={settings.tau_low} "
+                   f"batch_size={settings.batch_size}")
+
+        import uvicorn
+
+        if workers == 1:
+            from sara_service.app import create_app
+
+            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        else:
+            # Worker processes inherit the environment: pass every override (and the embedded URL).
+            for key, value in {**overrides, "redis_url": settings.redis_url}.items():
+                os.environ[f"SARA_{key.upper()}"] = str(value)
+            uvicorn.run("sara_service.cli:_app_from_env", factory=True, host=host, port=port,
+                        workers=workers, log_level=log_level)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if embedded is not None:
+            embedded.stop()
+            typer.echo("sara: embedded redis stopped")
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- load ----------------------------------------------------------------------------------------
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    from sara_client.models import PromptIn
+
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(PromptIn.model_validate(json.loads(line)).model_dump(exclude_none=True))
+            except ValueError as e:  # json.JSONDecodeError and pydantic's ValidationError
+                raise _err(f"{path}:{lineno}: not a valid prompt: {e}", 2) from None
+    return prompts
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def _client(url: str, token: str | None):
+    from sara_client import SaraClient
+
+    return SaraClient(url, token=token)
+
+
+@app.command()
+def load(
+    path: Annotated[Optional[Path], typer.Argument(exists=True, dir_okay=False,
+                                                  help="JSONL file, one prompt per line.")] = None,
+    synthetic: Annotated[Optional[int], typer.Option(min=1, help="Generate N sim prompts.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = 0,
+    dry_run: Annotated[bool, typer.Option(help="Print the prompts as JSONL, post none.")] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """Register prompts from a JSONL file, or --synthetic N sim prompts.
+
+    --synthetic draws the standard pool: 30% γ=0, 25% γ=1, 45% γ~Beta(2,2), ids p0…p{N-1},
+    meta.p_success = γ (what the sim worker backend reads)."""
+    if (path is None) == (synthetic is None):
+        raise _err("give either a JSONL file or --synthetic N", 2)
+    if synthetic is not None:
+        from sara_service.pools import standard_pool
+
+        prompts = standard_pool(synthetic, seed)
+    else:
+        prompts = _read_jsonl(path)
+    if dry_run:
+        for p in prompts:
+            typer.echo(json.dumps(p))
+        return
+    if not prompts:
+        raise _err("no prompts to load", 2)
+    created = 0
+    try:
+        client = _client(url, token)
+        try:
+            for i in range(0, len(prompts), LOAD_CHUNK):
+                created += _field(client.add_prompts(prompts[i:i + LOAD_CHUNK]), "created") or 0
+        finally:
+            getattr(client, "close", lambda: None)()
+    except Exception as e:  # connection refused, 4xx/5xx: one line, not a traceback
+        raise _err(f"load failed after {created} new prompts: {e}", 1) from None
+    typer.echo(f"loaded {len(prompts)} prompts ({created} new) into {url}")
+
+
+# --- stats ---------------------------------------------------------------------------------------
+
+_COUNTERS = ("rollouts_issued", "rollouts_completed", "rollouts_cancelled", "groups_opened",
+             "groups_committed", "groups_abandoned", "groups_delivered", "rollouts_saved_vs_ds",
+             "expected_false_abandons", "batches_formed", "batches_acked")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+@app.command()
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+) -> None:
+    """Show GET /stats as a compact table."""
+    try:
+        client = _client(url, token)
+        try:
+            raw = client.stats()
+        finally:
+            getattr(client, "close", lambda: None)()
+    except Exception as e:
+        raise _err(f"stats failed: {e}", 1) from None
+    data = raw.model_dump(mode="json") if hasattr(raw, "model_dump") else dict(raw)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    cfg = data.get("config") or {}
+    console = Console()
+    console.print(f"[bold]{url}[/]  ns={data.get('namespace')}  {cfg.get('policy', '?')} "
+                  f"k={cfg.get('group_size', '?')}  policy "
+                  f"v{(data.get('policy') or {}).get('version')}", highlight=False)
+    table = Table()
+    table.add_column("section")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    counters = data.get("counters") or {}
+    for name in _COUNTERS:
+        if name in counters:
+            table.add_row("counters", name, _fmt(counters[name]))
+    for section in ("derived", "queues"):
+        for name, value in (data.get(section) or {}).items():
+            table.add_row(section, name, _fmt(value))
+    workers_ = data.get("workers") or []
+    stale = sum(1 for w in workers_ if w.get("stale"))
+    table.add_row("workers", "live / stale", f"{len(workers_) - stale} / {stale}")
+    console.print(table)
+
+
+# --- not built yet -------------------------------------------------------------------------------
+
+_STUB = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
+
+
+def _not_yet(name: str, issue: int) -> typer.Exit:
+    return _err(f"sara {name}: not available yet: see issue {issue}", 2)
+
+
+@app.command(**_STUB)
+def worker(ctx: typer.Context) -> None:
+    """Lease, generate, verify and report rollouts (sim, hf, openai, vllm backends). Issue 3."""
+    raise _not_yet("worker", 3)
+
+
+@app.command(**_STUB)
+def train(ctx: typer.Context) -> None:
+    """Run the GRPO trainer against the scheduler. Issue 4."""
+    raise _not_yet("train", 4)
+
+
+@app.command(**_STUB)
+def demo(ctx: typer.Context) -> None:
+    """Scheduler, workers and trainer on one machine, end to end. Issue 4."""
+    raise _not_yet("demo", 4)
+
+
+@app.command(**_STUB)
+def bench(ctx: typer.Context) -> None:
+    """Compare uniform, dynamic_sampling and sara on the sim backend. Issue 5."""
+    raise _not_yet("bench", 5)
+
+
+def main() -> None:
+    """Console entry point (`sara`)."""
+    app(prog_name="sara")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Shared fixtures.
+
+- `redis_server` (session): one real redis-server (EmbeddedRedis, AOF on) in a temporary dir on
+  a free loopback port, for the whole test session; `.url`, `.port`, `.data_dir`.
+- `redis_url` (function): the URL of that server after FLUSHALL, so every test starts empty.
+  Tests that use it must not run in parallel against the same server.
+- `fake_clock` (function): a `FakeClock`, `clock()` -> seconds, `clock.advance(s)`, for injecting
+  as the service's clock.
+- `anyio_backend`: "asyncio" for `@pytest.mark.anyio` tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+class FakeClock:
+    """A hand-driven clock: `clock()` is the current time, `advance(s)` moves it forward."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError("a clock does not go back")
+        self.now += seconds
+        return self.now
+
+    def set(self, now: float) -> None:
+        self.now = float(now)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    from sara_service.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
