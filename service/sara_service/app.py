@@ -14,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sara_client.models import ErrorEnvelope
+
 from .errors import SaraServiceError, StoreUnavailable
 from .routers import batches, leases, observe, policy, prompts, results
 from .scheduler import Clock, Scheduler
@@ -63,7 +65,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Answer 413 before reading a body larger than `limit` bytes (declared or streamed)."""
+    """Answer 413 for a body larger than `limit` bytes, declared or streamed.
+
+    A streamed body is read here first (never more than limit + 1 bytes) and replayed to the app:
+    raising from inside the app's own body reader would surface as a 400 instead.
+    """
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -72,22 +78,21 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._reject(send)
-        seen = 0
-
-        async def counting_receive() -> dict:
-            nonlocal seen
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.limit:
+                return await self._reject(send)
+            return await self.app(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            await self._reject(send)
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([message]), send)
+            chunks.append(message)
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+            if size > self.limit:
+                return await self._reject(send)
+        await self.app(scope, _replay(chunks), send)
 
     async def _reject(self, send: Any) -> None:
         body = json.dumps({"error": {"code": "payload_too_large",
@@ -98,8 +103,15 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body.encode()})
 
 
-class _TooLarge(Exception):
-    pass
+def _replay(messages: list[dict]) -> Any:
+    pending = list(messages)
+
+    async def receive() -> dict:
+        if pending:
+            return pending.pop(0)
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 async def _maintenance_loop(scheduler: Scheduler) -> None:
@@ -134,6 +146,8 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
             await redis.aclose()
 
     app = FastAPI(title="SARA rollout-allocation service", version="0.1.0", lifespan=lifespan,
+                  responses={422: {"model": ErrorEnvelope, "description": "Invalid request: "
+                                   "the message names the field"}},
                   description="Sequential adaptive rollout allocation for RL with verifiable "
                               "rewards: workers lease rollouts, the trainer pulls effective "
                               "batches.")

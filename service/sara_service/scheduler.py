@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import random
 import time
@@ -34,7 +35,7 @@ def _new_id(prefix: str) -> str:
 
 def prompt_id_for(prompt: PromptIn) -> str:
     """A stable id from the content, so re-adding the same prompt without an id is a no-op."""
-    digest = hashlib.sha256(f"{prompt.task}\0{prompt.prompt}\0{prompt.answer}".encode())
+    digest = hashlib.sha256(json.dumps([prompt.task, prompt.prompt, prompt.answer]).encode())
     return "p" + digest.hexdigest()[:20]
 
 

@@ -120,13 +120,11 @@ class Store:
         """Up to `count` prompt ids from the epoch queue, starting a new epoch when it runs dry."""
         k = self.keys
         got = [_s(x) for x in (await self.redis.lpop(k.epoch_queue, count) or [])]
-        for _ in range(2):  # at most one refill per call: a tiny pool gives fewer than asked
-            if len(got) >= count:
-                break
+        if len(got) < count:  # at most one refill per call: a tiny pool gives fewer than asked
             epoch = int(await self.redis.get(k.epoch) or 0)
             ids = sorted(_s(x) for x in await self.redis.hkeys(k.prompts))
             if not ids:
-                break
+                return got
             await self._run("refill_epoch", [k.epoch_queue, k.epoch],
                             [epoch, *shuffle(ids, seed * 1_000_003 + epoch)])
             more = await self.redis.lpop(k.epoch_queue, count - len(got)) or []

@@ -132,8 +132,12 @@ async def test_expired_lease_is_issued_again_and_first_result_wins(store):
     first = await report(store, "w1", [("g:0", 1)], now=12.0)  # the original holder answers first
     assert first.accepted == 1
     second = await report(store, "w2", [("g:0", 0)], now=12.5)
-    assert (second.accepted, second.duplicates) == (0, 1)
-    assert second.cancel == ["g:0"]  # w2's copy was pointless once w1 answered
+    # w2's copy was pointless once w1 answered: it is told to cancel, and the answer it sends
+    # anyway is a fresh sample of the prompt (late: posterior only), not a second fill
+    assert (second.accepted, second.duplicates, second.late) == (0, 0, 1)
+    assert second.cancel == ["g:0"]
+    again = await report(store, "w2", [("g:0", 0)], now=12.6)
+    assert (again.duplicates, again.late) == (1, 0)
     (row,) = await store.read_groups(["g"])
     assert (row["done"], row["s"]) == ("1", "1")  # counted once, with the first answer
 

@@ -175,19 +175,27 @@ for i = 1, count do
   newest = math.max(newest, tonumber(arg(i, 5)))
   local st = redis.call('HGET', S, rid)
   local decision = nil
-  if st == 'd' then
+  -- 'd' = answered; 'd|<worker>' = answered while <worker> held a re-issued copy, now cancelled:
+  -- that worker's own answer is a fresh sample (late, posterior only); any other is a duplicate
+  local copy_holder = string.match(st, '^d|(.*)$')
+  if st == 'd' or (copy_holder and copy_holder ~= wid) then
     dups = dups + 1
   else
     local g = load_group(gkey)
     update_posterior(g.pid, success)
-    if st == 'c' then
+    if st == 'c' or copy_holder then
       late = late + 1
+      if copy_holder then redis.call('HSET', S, rid, 'd') end
     else
+      local filled = 'd'
       if string.sub(st, 1, 2) == 'l|' then
         local holder = string.match(st, '^l|[^|]*|(.*)$')
-        if holder ~= wid then add_cancel(holder, rid) end  -- a re-issued copy is now pointless
+        if holder ~= wid then  -- a re-issued copy is now pointless
+          add_cancel(holder, rid)
+          filled = 'd|' .. holder
+        end
       end
-      redis.call('HSET', S, rid, 'd')
+      redis.call('HSET', S, rid, filled)
       redis.call('ZREM', INFL, rid)
       redis.call('HSET', gkey, 'r:' .. slot, arg(i, 6))
       local pv = tonumber(arg(i, 5))

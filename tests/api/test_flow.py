@@ -1,0 +1,83 @@
+"""Flow control: groups open only while ready + expected yield of open groups < target."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import prompt_spec, result_for
+
+pytestmark = pytest.mark.anyio
+
+P0 = 7 / 9  # p_eff of a fresh group: k=8, uniform prior
+
+
+async def queues(api):
+    stats = await api.stats()
+    return stats["queues"], stats["counters"]
+
+
+async def test_groups_stop_opening_at_the_target_and_resume_after_a_batch(make_api):
+    api = await make_api(batch_size=2, prefetch_batches=1)  # target 2
+    await api.add(*(prompt_spec(f"m{i}", "mixed") for i in range(6)))
+    held = []
+    for expected_open in (1, 2, 3):  # 0, 7/9, 14/9 < 2: each lease opens one more group
+        lease = await api.lease("w1", 4)
+        assert len(lease["rollouts"]) == 4
+        held += lease["rollouts"]
+        q, c = await queues(api)
+        assert c["groups_opened"] == q["open_groups"] == expected_open
+        assert q["expected_yield_open"] == pytest.approx(expected_open * P0)
+    assert q["flow_target"] == 2 and q["expected_yield_open"] >= 2
+
+    for _ in range(2):  # target met: nothing more to lease, nothing more opened
+        empty = await api.lease("w2", 8)
+        assert empty["rollouts"] == [] and empty["lease_id"] is None
+    q, c = await queues(api)
+    assert c["groups_opened"] == 3 and q["pending"] == 0 and q["leased"] == 12
+
+    await api.report("w1", [result_for(r) for r in held])  # all three commit
+    q, c = await queues(api)
+    assert q["expected_yield_open"] == pytest.approx(3.0) and c["groups_committed"] == 3
+    rest = await api.lease("w1", 12)
+    assert len(rest["rollouts"]) == 12 and (await api.counters())["groups_opened"] == 3
+    await api.report("w1", [result_for(r) for r in rest["rollouts"]])
+    q, c = await queues(api)
+    assert (q["ready_groups"], q["open_groups"], q["expected_yield_open"]) == (3, 0, 0)
+    assert (await api.lease("w1", 8))["rollouts"] == []  # 3 ready >= 2
+
+    assert (await api.next_batch()).status_code == 200  # takes 2: 1 ready left
+    lease = await api.lease("w1", 8)
+    assert len(lease["rollouts"]) == 8
+    q, c = await queues(api)
+    assert c["groups_opened"] == 5 and q["open_groups"] == 2
+    assert q["ready_groups"] + q["expected_yield_open"] == pytest.approx(1 + 2 * P0)
+
+
+async def test_abandoned_groups_free_room_for_new_ones(make_api):
+    api = await make_api(batch_size=1, prefetch_batches=1)  # target 1
+    await api.add(prompt_spec("f1", "fail"), prompt_spec("f2", "fail"))
+    first = await api.lease("w1", 4)
+    second = await api.lease("w1", 4)
+    assert len(second["rollouts"]) == 4  # 7/9 < 1: one more group fits
+    assert (await api.lease("w1", 4))["rollouts"] == []  # 14/9 >= 1
+    await api.report("w1", [result_for(r) for r in first["rollouts"]])  # abandoned
+    q, c = await queues(api)
+    assert c["groups_abandoned"] == 1 and q["expected_yield_open"] == pytest.approx(P0)
+    assert len((await api.lease("w1", 4))["rollouts"]) == 4
+    assert (await api.counters())["groups_opened"] == 3
+
+
+async def test_lease_never_opens_more_than_the_target_in_one_call(make_api):
+    api = await make_api(batch_size=2, prefetch_batches=1)
+    await api.add(*(prompt_spec(f"m{i}", "mixed") for i in range(20)))
+    lease = await api.lease("w1", 64)
+    q, c = await queues(api)
+    assert c["groups_opened"] <= 3 and len(lease["rollouts"]) == 4 * c["groups_opened"]
+    assert q["expected_yield_open"] < 2 + P0
+
+
+async def test_tiny_pool_opens_each_prompt_once_per_call(api):
+    await api.add(prompt_spec("only", "mixed"))
+    lease = await api.lease("w1", 64)
+    assert len({r["group_id"] for r in lease["rollouts"]}) == 1
+    assert (await api.counters())["groups_opened"] == 1
