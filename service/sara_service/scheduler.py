@@ -23,6 +23,7 @@ from sara_client.models import (
 )
 
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .selection import DpsParams, dps_mixed_probability, mopps_score, top_by_score
 from .settings import Settings
 from .store import Store
 
@@ -53,6 +54,7 @@ class Scheduler:
         self.settings = settings
         self.store = store
         self.clock = clock or time.time
+        self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # With a uniform prior every group of a run has the same plan: compute it once.
         self._prior_plan = plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
@@ -111,17 +113,34 @@ class Scheduler:
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
 
+    async def _select_prompts(self, count: int) -> list[str]:
+        """The next `count` prompts: from the epoch queue, or the best of a random pool."""
+        s = self.settings
+        if s.selection in ("epoch", "history"):
+            return await self.store.pop_epoch(count, s.seed, shuffled)
+        pool = await self.store.random_prompts(count * s.selection_pool)
+        version = (await self.store.get_policy()).version
+        posts = [p or {} for p in await self.store.posteriors(pool)]
+        if s.selection == "dps":
+            params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
+            scores = [dps_mixed_probability(p.get("obs") or [], version, params) for p in posts]
+        else:
+            scores = [mopps_score(*self._posterior_now(p, version), self._rng, s.mopps_target)
+                      for p in posts]
+        return top_by_score(pool, scores, count, self._rng)
+
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
         """Open enough new groups to supply about `rollouts_wanted` rollouts, flow permitting."""
         per_group = max(1, self._prior_plan.initial_issue)
         count = min(self.flow_target, math.ceil(rollouts_wanted / per_group))
-        pids = await self.store.pop_epoch(count, self.settings.seed, shuffled)
+        pids = await self._select_prompts(count)
         if not pids:
             return 0
         plans, skipped = await self._plans_for(pids)
         opened = await self.store.open_groups(now, self.flow_target, plans, self.settings.commit,
                                               skipped)
-        await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
+        if self.settings.selection in ("epoch", "history"):
+            await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
         return opened
 
     # --- workers ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     posterior_decay: float = Field(0.5, ge=0.0, le=1.0, description="lambda per policy version.")
     success_threshold: float = Field(0.5, description="A reward >= this counts as a success.")
     seed: int = 0
+    selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")
+    dps_decay: float = Field(0.5, ge=0.0, le=1.0, description="DPS count decay per version.")
+    dps_prior: float = Field(1.0, gt=0.0, description="DPS Dirichlet prior on transitions.")
+    mopps_target: float = Field(0.5, ge=0.0, le=1.0, description="MoPPS target success rate.")
 
     batch_size: int = Field(32, ge=1, le=4096)
     prefetch_batches: int = Field(2, ge=1, le=64)
@@ -60,13 +64,6 @@ class Settings(BaseSettings):
     trainer_token: SecretStr | None = None
     operator_token: SecretStr | None = None
     admin_token: SecretStr | None = None
-
-    @model_validator(mode="after")
-    def _check_thresholds(self) -> "Settings":
-        if self.selection in ("dps", "mopps"):
-            raise ValueError(f"selection={self.selection!r} is not implemented yet; "
-                             "use 'epoch' or 'history'")
-        return self
 
     @property
     def auth_enabled(self) -> bool:

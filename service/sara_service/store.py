@@ -132,6 +132,11 @@ class Store:
         return got
 
     @_unavailable_on_redis_error
+    async def random_prompts(self, count: int) -> list[str]:
+        """Up to `count` distinct prompt ids drawn uniformly (a candidate pool for dps/mopps)."""
+        return [_s(x) for x in await self.redis.hrandfield(self.keys.prompts, count) or []]
+
+    @_unavailable_on_redis_error
     async def unpop_epoch(self, pids: list[str]) -> None:
         """Give back prompt ids that were popped but not opened (front of the queue, in order)."""
         if pids:

@@ -26,8 +26,7 @@ def _final_states(case: dict) -> set[str]:
 
 
 async def _issued(store, gid: str) -> int:
-    (row,) = await store.read_groups([gid])
-    return int(row["issued"])
+    return int(await store.redis.hget(store.keys.group(gid), "issued"))
 
 
 async def test_cases_cover_every_kind_of_ending():

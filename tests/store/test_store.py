@@ -245,3 +245,14 @@ async def test_garbage_collection_removes_finished_groups(store):
     assert await store.read_groups(["a"]) == [{}]
     assert await store.slot_states(["a:0", "b:7"]) == [None, None]
     assert await store.group_state(["a"]) == [None]
+
+
+async def test_finished_groups_leave_their_outcome_class_in_the_prompt_history(store):
+    await _ready_group(store, "m", outcomes=(1, 0, 1, 0, 1, 0, 1, 0))
+    await store.publish_policy(1.0, 1, None)
+    await _ready_group(store, "f", plan=UNI8, outcomes=(0,) * 8)
+    await store.open_groups(0.0, 100, [("s", "p", SARA8)], "complete")
+    await report(store, "w", [(f"s:{i}", 1) for i in range(4)])
+    _, post = await store.get_prompt("p")
+    assert post["obs"] == [[0, "M"], [1, "F"], [1, "S"]]
+    assert (post["committed"], post["saturated"], post["abandoned"]) == (1, 1, 1)

@@ -30,12 +30,6 @@ if #unknown > 0 then return {'unknown', unknown} end
 
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
 
-local function split_floats(csv)
-  local out = {}
-  for x in string.gmatch(csv, '[^,]+') do out[#out + 1] = tonumber(x) end
-  return out
-end
-
 local function update_posterior(pid, success)
   local raw = redis.call('HGET', POST, pid)
   local p = raw and cjson.decode(raw) or {a = a0, b = b0, v = version}
@@ -51,11 +45,18 @@ local function update_posterior(pid, success)
   redis.call('HSET', POST, pid, cjson.encode(p))
 end
 
-local function bump_history(pid, field)
+-- Count a group's verdict in its prompt's history, and remember the outcome class the selection
+-- layer learns from: 'F' all-fail, 'M' mixed, 'S' all-success (the side a pure group ended on).
+local MAX_OBSERVATIONS = 16
+local function record_outcome(pid, field, outcome)
   local raw = redis.call('HGET', POST, pid)
   if not raw then return end
   local p = cjson.decode(raw)
   p[field] = (p[field] or 0) + 1
+  local obs = p.obs or {}
+  obs[#obs + 1] = {version, outcome}
+  if #obs > MAX_OBSERVATIONS then table.remove(obs, 1) end
+  p.obs = obs
   redis.call('HSET', POST, pid, cjson.encode(p))
 end
 
@@ -117,15 +118,15 @@ local function decide_open(gkey, gid, g)
     redis.call('HSET', gkey, 'p_eff', 1)
     redis.call('ZADD', OPEN, 1, gid)
     redis.call('HINCRBY', STATS, 'groups_committed', 1)
-    bump_history(g.pid, 'committed')
+    record_outcome(g.pid, 'committed', 'M')
     if g.commit == 'complete' then issue(gkey, gid, g.issued, g.k) end
     return 'commit'
   end
   local failing = g.s == 0
   local n = failing and g.f or g.s
   local thr = failing and g.thr_f or g.thr_s
-  local table_ = split_floats(redis.call('HGET', gkey, failing and 'pf' or 'ps'))
-  local p = table_[math.min(n, #table_ - 1) + 1]
+  -- the plan's table covers every prefix up to the threshold (or k)
+  local p = tonumber(redis.call('HGET', gkey, (failing and 'pf:' or 'ps:') .. math.min(n, thr, g.k)))
   if n >= thr then
     cancel_outstanding(gkey, gid, g.issued)
     retire(gid, 'abandoned')
@@ -134,7 +135,7 @@ local function decide_open(gkey, gid, g)
     redis.call('HINCRBY', STATS, 'rollouts_saved_vs_ds', g.k - g.issued)
     redis.call('HINCRBYFLOAT', STATS, 'expected_false_abandons', p)
     redis.call('HINCRBY', HIST, tostring(g.done), 1)
-    bump_history(g.pid, 'abandoned')
+    record_outcome(g.pid, 'abandoned', failing and 'F' or 'S')
     return 'abandon'
   end
   redis.call('HSET', gkey, 'p_eff', p)
@@ -157,6 +158,7 @@ local function maybe_complete(gkey, gid, g, state)
     local target = g.commit == 'complete' and g.k or g.issued
     if g.done >= target then make_ready(gkey, gid, g.done) end
   elseif state == 'open' and g.done >= g.k then
+    record_outcome(g.pid, 'saturated', g.s == 0 and 'F' or 'S')
     if g.deliver_sat then
       make_ready(gkey, gid, g.done)
     else

@@ -26,8 +26,10 @@ for i, g in ipairs(specs) do
   local p0 = g.pf[1]
   redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
     's', 0, 'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s,
-    'pf', table.concat(g.pf, ','), 'ps', table.concat(g.ps, ','),
     'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', p0, 'created_at', now)
+  -- p_eff tables, one field per prefix length: pf:n (n failures), ps:n (n successes)
+  for n, p in ipairs(g.pf) do redis.call('HSET', gkey, 'pf:' .. (n - 1), p) end
+  for n, p in ipairs(g.ps) do redis.call('HSET', gkey, 'ps:' .. (n - 1), p) end
   redis.call('HSET', KEYS[6], g.gid, 'open')
   redis.call('HSET', KEYS[7], g.gid, g.pid)
   redis.call('ZADD', KEYS[2], p0, g.gid)

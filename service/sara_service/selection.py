@@ -1,0 +1,91 @@
+"""Prompt selection policies that predict which prompts will give mixed groups (pure: no I/O).
+
+The store records, per prompt, the outcome class of each finished group with the policy version
+it finished under: 'F' (all fail), 'M' (mixed), 'S' (all succeed). The predictors below replay
+that short history; the scheduler draws a candidate pool and keeps the best-scored prompts.
+
+- DPS (Dynamics-Predictive Sampling): a 3-state Markov chain per prompt over F/M/S. Transition
+  counts start at a Dirichlet prior, decay toward it once per policy version, and gain one count
+  per observed transition. Between observations the belief over the prompt's state is pushed
+  forward through the learned transition matrix, one step per policy version, so a prompt not
+  sampled for a while drifts back toward the prior's prediction.
+- MoPPS: Thompson-sample a success rate from the prompt's (decayed) Beta posterior and prefer
+  prompts whose sample is nearest a target rate (0.5: most likely to give a mixed group).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+STATES = ("F", "M", "S")
+_INDEX = {s: i for i, s in enumerate(STATES)}
+# Forward prediction converges within a few dozen steps; longer gaps cost time for nothing.
+MAX_STEPS_FORWARD = 64
+
+Matrix = list[list[float]]
+
+
+@dataclass(frozen=True)
+class DpsParams:
+    """decay: weight kept per policy version (0.7 math, 0.5 Countdown in the DPS paper)."""
+
+    decay: float = 0.5
+    prior: float = 1.0
+
+
+def _normalised(row: list[float]) -> list[float]:
+    total = sum(row)
+    return [x / total for x in row]
+
+
+def _decay_counts(counts: Matrix, params: DpsParams) -> Matrix:
+    return [[params.prior + params.decay * (c - params.prior) for c in row] for row in counts]
+
+
+def _step(belief: list[float], counts: Matrix) -> list[float]:
+    rows = [_normalised(row) for row in counts]
+    return [sum(belief[i] * rows[i][j] for i in range(3)) for j in range(3)]
+
+
+def _advance(belief: list[float], counts: Matrix, steps: int,
+             params: DpsParams) -> tuple[list[float], Matrix]:
+    for _ in range(min(steps, MAX_STEPS_FORWARD)):
+        counts = _decay_counts(counts, params)
+        belief = _step(belief, counts)
+    return belief, counts
+
+
+def dps_mixed_probability(observations: Sequence[Sequence], version: int,
+                          params: DpsParams = DpsParams()) -> float:
+    """P(the prompt's next group is mixed) at policy `version`, from (version, 'F'|'M'|'S') pairs."""
+    counts: Matrix = [[params.prior] * 3 for _ in range(3)]
+    belief = [1 / 3] * 3
+    previous: int | None = None
+    at: int | None = None
+    for seen_at, outcome in sorted(observations, key=lambda o: o[0]):
+        state = _INDEX[outcome]
+        if at is not None:
+            belief, counts = _advance(belief, counts, int(seen_at) - at, params)
+        if previous is not None:
+            counts[previous][state] += 1.0
+        belief = [1.0 if i == state else 0.0 for i in range(3)]
+        previous, at = state, int(seen_at)
+    if at is None:  # never observed: the prior's one-step prediction
+        return _step(belief, counts)[_INDEX["M"]]
+    belief, counts = _advance(belief, counts, max(1, version - at), params)
+    return belief[_INDEX["M"]]
+
+
+def mopps_score(alpha: float, beta: float, rng: random.Random, target: float = 0.5) -> float:
+    """Negative squared distance of a Thompson sample from `target`: higher is better."""
+    sample = rng.betavariate(alpha, beta)
+    return -((sample - target) ** 2)
+
+
+def top_by_score(candidates: Sequence[str], scores: Sequence[float], count: int,
+                 rng: random.Random) -> list[str]:
+    """The `count` best-scored candidates; ties broken at random so no prompt is favoured."""
+    order = sorted(range(len(candidates)), key=lambda i: (-scores[i], rng.random()))
+    return [candidates[i] for i in order[:count]]

@@ -1,0 +1,99 @@
+"""DPS and MoPPS predictors against hand-worked cases and a naive reference chain."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sara_service.selection import (
+    DpsParams, dps_mixed_probability, mopps_score, top_by_score,
+)
+
+outcomes = st.lists(st.tuples(st.integers(0, 30), st.sampled_from("FMS")), max_size=16)
+
+
+def naive_dps(observations, version, decay, prior):
+    """Same model written out state by state, version by version, with explicit loops."""
+    counts = {(a, b): prior for a in "FMS" for b in "FMS"}
+    belief = {s: 1 / 3 for s in "FMS"}
+    obs = sorted(observations, key=lambda o: o[0])
+    at, prev = None, None
+
+    def forward(steps):
+        nonlocal belief
+        for _ in range(min(steps, 64)):
+            for key in counts:
+                counts[key] = prior + decay * (counts[key] - prior)
+            new = {}
+            for j in "FMS":
+                total = 0.0
+                for i in "FMS":
+                    row = sum(counts[(i, x)] for x in "FMS")
+                    total += belief[i] * counts[(i, j)] / row
+                new[j] = total
+            belief = new
+
+    for v, o in obs:
+        if at is not None:
+            forward(v - at)
+        if prev is not None:
+            counts[(prev, o)] += 1
+        belief = {s: float(s == o) for s in "FMS"}
+        at, prev = v, o
+    forward(1 if at is None else max(1, version - at))
+    return belief["M"]
+
+
+def test_unseen_prompt_gets_the_prior_prediction():
+    assert dps_mixed_probability([], 5) == pytest.approx(1 / 3)
+
+
+def test_persistently_mixed_prompt_ranks_above_persistently_saturated():
+    mixed = [(v, "M") for v in range(6)]
+    failing = [(v, "F") for v in range(6)]
+    assert dps_mixed_probability(mixed, 6) > 1 / 3 > dps_mixed_probability(failing, 6)
+
+
+def test_a_long_unsampled_gap_forgets_toward_the_prior():
+    mixed = [(v, "M") for v in range(6)]
+    near, far = dps_mixed_probability(mixed, 6), dps_mixed_probability(mixed, 200)
+    assert near > far and far == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_slower_decay_learns_more_from_the_same_history():
+    mixed = [(v, "M") for v in range(8)]
+    assert (dps_mixed_probability(mixed, 8, DpsParams(decay=0.9))
+            > dps_mixed_probability(mixed, 8, DpsParams(decay=0.5)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(outcomes, st.integers(0, 40), st.floats(0.0, 1.0), st.floats(0.1, 5.0))
+def test_dps_matches_the_naive_chain_and_is_a_probability(observations, later, decay, prior):
+    version = max([v for v, _ in observations], default=0) + later
+    got = dps_mixed_probability(observations, version, DpsParams(decay=decay, prior=prior))
+    assert 0.0 <= got <= 1.0
+    assert got == pytest.approx(naive_dps(observations, version, decay, prior), abs=1e-12)
+
+
+def test_mopps_prefers_posteriors_near_the_target():
+    rng = random.Random(0)
+    near = [mopps_score(50, 50, rng) for _ in range(200)]
+    far = [mopps_score(1, 60, rng) for _ in range(200)]
+    assert sum(near) / 200 > sum(far) / 200
+    assert all(s <= 0 for s in near + far)
+
+
+def test_mopps_is_deterministic_under_a_seeded_rng():
+    a = [mopps_score(2, 3, random.Random(7)) for _ in range(3)]
+    b = [mopps_score(2, 3, random.Random(7)) for _ in range(3)]
+    assert a == b
+
+
+def test_top_by_score_keeps_the_best_and_breaks_ties_at_random():
+    picked = top_by_score(["a", "b", "c", "d"], [0.1, 0.9, 0.5, 0.9], 2, random.Random(0))
+    assert sorted(picked) == ["b", "d"]
+    firsts = {top_by_score(["x", "y"], [1.0, 1.0], 1, random.Random(s))[0] for s in range(20)}
+    assert firsts == {"x", "y"}
