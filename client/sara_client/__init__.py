@@ -7,6 +7,7 @@ service validates with, so client and server cannot drift apart.
 from ._async import AsyncSaraClient
 from ._base import ReadyResponse, ReportResponse, RetryPolicy
 from ._sync import SaraClient
+from .local import alocal, local
 from .errors import (
     AuthenticationError,
     BadRequestError,
@@ -70,6 +71,8 @@ from .models import (
 )
 
 __all__ = [
+    "local",
+    "alocal",
     # clients
     "SaraClient",
     "AsyncSaraClient",

@@ -1,0 +1,113 @@
+"""The scheduler inside your own process: SARA's allocation for a training loop you already have.
+
+    with sara_client.local(group_size=8, batch_size=16) as sara:
+        sara.add_prompts(prompts)
+        lease = sara.lease("me", max_rollouts=64)
+        ...                                   # generate and score with your own model
+        sara.report("me", results)
+        batch = sara.next_batch()
+
+`local()` runs the very same FastAPI app and Lua scripts as `sara serve`, on an embedded Redis,
+and hands back the ordinary `SaraClient`: requests go to the app through an in-process transport,
+with no port opened. The app runs on an event loop in a background thread so the synchronous
+client can be called from plain training code. `alocal()` is the asyncio twin.
+
+This module imports the service lazily: the client package itself needs only httpx and pydantic,
+while `local()` needs the `service` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator
+
+import httpx
+
+from ._async import AsyncSaraClient
+from ._sync import SaraClient
+
+LOCAL_BASE_URL = "http://sara.local"
+
+
+class _LoopThreadTransport(httpx.BaseTransport):
+    """A sync transport that runs each request through an ASGI app on another thread's loop."""
+
+    def __init__(self, app: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = httpx.ASGITransport(app=app)
+        self._loop = loop
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+
+        async def call() -> tuple[int, list, bytes]:
+            forwarded = httpx.Request(request.method, request.url, headers=request.headers,
+                                      content=body)
+            response = await self._inner.handle_async_request(forwarded)
+            content = await response.aread()
+            return response.status_code, list(response.headers.raw), content
+
+        status, headers, content = asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+        return httpx.Response(status, headers=headers, content=content, request=request)
+
+
+def _build_app(data_dir: str | Path | None, overrides: dict[str, Any]):
+    try:
+        from sara_service.app import create_app
+        from sara_service.embedded import EmbeddedRedis
+        from sara_service.settings import Settings
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("sara_client.local() runs the scheduler in-process and needs the "
+                          "service extra: pip install 'sara-rollout[service]'") from exc
+    settings = Settings(**overrides)
+    redis = None
+    if settings.redis_url is None:
+        folder = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sara-local-"))
+        redis = EmbeddedRedis(folder).start()
+        settings = settings.model_copy(update={"redis_url": redis.url, "redis_embedded": True})
+    return create_app(settings), redis
+
+
+@contextlib.asynccontextmanager
+async def alocal(data_dir: str | Path | None = None, **settings: Any
+                 ) -> AsyncIterator[AsyncSaraClient]:
+    """Async twin of `local()`: the app runs on the caller's own event loop."""
+    app, redis = _build_app(data_dir, settings)
+    try:
+        async with app.router.lifespan_context(app):
+            async with AsyncSaraClient(LOCAL_BASE_URL,
+                                       transport=httpx.ASGITransport(app=app)) as client:
+                yield client
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+@contextlib.contextmanager
+def local(data_dir: str | Path | None = None, **settings: Any) -> Iterator[SaraClient]:
+    """Start the scheduler in this process; yields a `SaraClient` wired to it.
+
+    Keyword arguments are scheduler settings (`group_size`, `tau_low`, `policy`, ...). Without
+    `redis_url`, an embedded Redis runs in `data_dir` (a temporary folder if unset).
+    """
+    app, redis = _build_app(data_dir, settings)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="sara-local", daemon=True)
+    thread.start()
+    lifespan = app.router.lifespan_context(app)
+    try:
+        asyncio.run_coroutine_threadsafe(lifespan.__aenter__(), loop).result()
+        try:
+            with SaraClient(LOCAL_BASE_URL, transport=_LoopThreadTransport(app, loop)) as client:
+                yield client
+        finally:
+            asyncio.run_coroutine_threadsafe(lifespan.__aexit__(None, None, None), loop).result()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
+        if redis is not None:
+            redis.stop()
