@@ -647,7 +647,8 @@ def test_client_package_imports_only_httpx_pydantic_and_stdlib():
     package = Path(__import__("sara_client").__file__).parent
     allowed = set(sys.stdlib_module_names) | {"httpx", "pydantic", "__future__"}
     for path in package.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        # module level only: local() imports the service lazily, inside the function
+        for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -656,3 +657,12 @@ def test_client_package_imports_only_httpx_pydantic_and_stdlib():
                 continue
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+
+
+def test_importing_the_client_loads_neither_the_service_nor_redis():
+    import subprocess
+
+    code = ("import sys, sara_client; bad = [m for m in ('sara_service', 'redis', 'fastapi') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
