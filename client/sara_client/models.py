@@ -174,6 +174,7 @@ class ResultsResponse(_Answer):
     accepted: int = Field(description="Results that filled a rollout slot for the first time.")
     duplicates: int = Field(default=0, description="Results for slots already filled (ignored).")
     late: int = Field(default=0, description="Results for cancelled rollouts (posterior only).")
+    released: int = Field(default=0, description="Aborted rollouts handed back for re-issue.")
     decisions: list[GroupDecision] = Field(default_factory=list)
     cancel: list[str] = Field(default_factory=list)
 

@@ -207,13 +207,33 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def _watch_stats(url: str, token: str | None, interval: float) -> None:
+    """`sara stats --watch`: the live view of sara_service.watch until Ctrl-C."""
+    from sara_service.watch import watch
+
+    client = _client(url, token)
+    try:
+        watch(client.stats, interval)
+    finally:
+        getattr(client, "close", lambda: None)()
+
+
 @app.command()
 def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    watch_: Annotated[bool, typer.Option("--watch", "-w", help="Live view, refreshed every "
+                                         "--interval seconds; Ctrl-C to quit.")] = False,
+    interval: Annotated[float, typer.Option("--interval", "-n", min=0.1,
+                                            help="Seconds between refreshes of --watch.")] = 1.0,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """Show GET /stats as a compact table."""
+    """Show GET /stats as a compact table, or live with --watch (the /dashboard figures)."""
+    if watch_:
+        if as_json:
+            raise _err("--json and --watch do not go together", 2)
+        _watch_stats(url, token, interval)
+        return
     try:
         client = _client(url, token)
         try:
@@ -260,10 +280,112 @@ def _not_yet(name: str, issue: int) -> typer.Exit:
     return _err(f"sara {name}: not available yet: see issue {issue}", 2)
 
 
-@app.command(**_STUB)
-def worker(ctx: typer.Context) -> None:
-    """Lease, generate, verify and report rollouts (sim, hf, openai, vllm backends). Issue 3."""
-    raise _not_yet("worker", 3)
+def _option_values(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a VALUE that parses as JSON is taken as such, else as a string."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise _err(f"--option wants KEY=VALUE, not {pair!r}", 2)
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
+
+
+async def _work(backend_name: str, options: dict[str, Any], config: Any, url: str,
+                token: Optional[str]) -> Any:
+    """Run one worker until SIGTERM/SIGINT (a second signal aborts what is in flight)."""
+    import asyncio
+
+    from sara_client import AsyncSaraClient
+    from sara_worker.backends import create_backend
+    from sara_worker.loop import WorkerLoop
+
+    backend = create_backend(backend_name, **options)
+    client = AsyncSaraClient(url, token=token)
+    loop = WorkerLoop(client, backend, config)
+    signals_seen = []
+
+    def on_signal() -> None:
+        signals_seen.append(1)
+        loop.stop(abort=True if len(signals_seen) > 1 else None)
+
+    aio = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aio.add_signal_handler(sig, on_signal)
+    try:
+        return await loop.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aio.remove_signal_handler(sig)
+        await backend.close()
+        await client.aclose()
+
+
+@app.command()
+def worker(
+    backend: Annotated[str, typer.Option(help="sim, hf, openai, vllm (or a plug-in).")] = "sim",
+    url: UrlOpt = DEFAULT_URL,
+    token: Annotated[Optional[str], typer.Option(
+        "--token", envvar=["SARA_WORKER_TOKEN", "SARA_TOKEN"], help="Worker bearer token.")] = None,
+    worker_id: Annotated[Optional[str], typer.Option(help="Default: hostname-pid.")] = None,
+    capacity: Annotated[int, typer.Option(min=1, help="Most rollouts in flight at once.")] = 64,
+    lease_wait: Annotated[float, typer.Option(min=0, max=60, help="Lease long-poll, s.")] = 5.0,
+    report_batch: Annotated[int, typer.Option(min=1, help="Results per report call.")] = 16,
+    flush_ms: Annotated[float, typer.Option(min=0, help="Oldest result's wait before a "
+                                                          "report is sent, ms.")] = 100.0,
+    lease_ttl: Annotated[float, typer.Option(envvar="SARA_LEASE_TTL_S", min=0.001,
+                                             help="The scheduler's lease TTL, s; "
+                                                  "heartbeats every third of it.")] = 60.0,
+    max_rollouts: Annotated[Optional[int], typer.Option(min=0, help="Stop after leasing this "
+                                                                    "many.")] = None,
+    on_stop: Annotated[str, typer.Option(help="On SIGTERM: finish or abort in-flight "
+                                              "rollouts.")] = "finish",
+    drain_timeout: Annotated[float, typer.Option(min=0, help="Longest wait for in-flight "
+                                                             "rollouts on stop, s.")] = 60.0,
+    log_interval: Annotated[float, typer.Option(min=0.1, help="Counters logged every, s.")] = 30.0,
+    model: Annotated[Optional[str], typer.Option(help="Model name or path (hf, openai, "
+                                                      "vllm).")] = None,
+    backend_url: Annotated[Optional[str], typer.Option(help="Generation server URL "
+                                                            "(openai).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Backend seed (sim: outcomes).")] = None,
+    per_token_ms: Annotated[float, typer.Option(min=0, help="sim: simulated time per "
+                                                            "token, ms.")] = 0.0,
+    option: Annotated[Optional[list[str]], typer.Option(
+        "--option", "-o", help="Backend option KEY=VALUE (repeatable).")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Lease, generate, verify and report rollouts until SIGTERM (then finish and exit 0)."""
+    import asyncio
+    import logging
+
+    if on_stop not in ("finish", "abort"):
+        raise _err("--on-stop is finish or abort", 2)
+    from sara_worker.support import WorkerConfig, default_worker_id
+
+    options = {"model": model, "base_url": backend_url, "seed": seed}
+    if backend == "sim":
+        options["per_token_s"] = per_token_ms / 1000.0
+    options = {k: v for k, v in options.items() if v is not None}
+    options.update(_option_values(option or []))
+    config = WorkerConfig(
+        worker_id=worker_id or default_worker_id(), backend_name=backend, capacity=capacity,
+        lease_wait_s=lease_wait, report_batch=report_batch, flush_interval_s=flush_ms / 1000.0,
+        lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
+        drain_timeout_s=drain_timeout, log_interval_s=log_interval)
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={capacity} -> {url}")
+    try:
+        counters = asyncio.run(_work(backend, options, config, url, token))
+    except ValueError as e:  # unknown backend, bad backend options
+        raise _err(f"sara worker: {e}", 2) from None
+    except Exception as e:  # WorkerError: credentials refused, policy not loadable, ...
+        raise _err(f"sara worker failed: {e}", 1) from None
+    typer.echo(f"sara: worker {config.worker_id} stopped: {counters.line()}")
 
 
 @app.command(**_STUB)

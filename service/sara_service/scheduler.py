@@ -183,14 +183,21 @@ class Scheduler:
         return HeartbeatResponse(lease_id=lease_id, expires_at=expires_at, cancel=cancel)
 
     async def report(self, req: ResultsRequest) -> ResultsResponse:
-        """Apply results; a reward at or above success_threshold counts as a success."""
+        """Apply results; a reward at or above success_threshold counts as a success.
+
+        An aborted rollout (finish_reason "abort") still held by the reporting worker is
+        released for immediate re-issue; elsewhere it only counts its tokens.
+        """
         s = self.settings
-        successes = [int(r.reward >= s.success_threshold) for r in req.results]
+        # an aborted rollout carries no outcome: -1 keeps it out of counts and posteriors
+        successes = [-1 if r.finish_reason == "abort" else int(r.reward >= s.success_threshold)
+                     for r in req.results]
         applied = await self.store.apply_results(self.clock(), req.worker_id, req.results,
                                                  successes, s.posterior_decay, s.prior_alpha,
                                                  s.prior_beta, s.retention_s)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
+            released=applied.released,
             decisions=[GroupDecision(group_id=g, decision=d) for g, d in applied.decisions],
             cancel=applied.cancel)
 

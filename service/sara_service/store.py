@@ -61,6 +61,7 @@ class AppliedResults:
     late: int
     decisions: list[tuple[str, str]]
     cancel: list[str]
+    released: int = 0
 
 
 class Store:
@@ -204,7 +205,10 @@ class Store:
     async def apply_results(self, now: float, worker_id: str, results: list[RolloutResult],
                             successes: list[int], decay: float, alpha0: float, beta0: float,
                             retention_s: float) -> AppliedResults:
-        """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown."""
+        """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
+
+        `successes` holds 1/0 per result, or -1 for an aborted rollout (no outcome learned).
+        """
         k = self.keys
         group_index: dict[str, int] = {}
         unknown: list[str] = []
@@ -230,7 +234,7 @@ class Store:
         flat = [_s(x) for x in out[4]]
         decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
-                              _s(out[5]).split())
+                              _s(out[5]).split(), int(out[6]))
 
     # --- batches and policy ---------------------------------------------------------------------
 

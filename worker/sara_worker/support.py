@@ -1,0 +1,192 @@
+"""Configuration, counters and small helpers of the worker loop (:mod:`sara_worker.loop`)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any, Awaitable, Callable, Literal
+
+from sara_client import (
+    MAX_COMPLETION_CHARS, MAX_TOKENS_PER_ROLLOUT, AuthenticationError, BadRequestError,
+    PermissionDeniedError, RolloutResult, SaraError,
+)
+
+from .backends.base import Generation
+
+# A logprob that JSON cannot carry (-inf, nan) is sent as this instead.
+FLOOR_LOGPROB = -1e4
+
+
+def default_worker_id() -> str:
+    """``hostname-pid``, reduced to the characters the scheduler accepts in ids."""
+    raw = f"{socket.gethostname() or 'worker'}-{os.getpid()}"
+    return re.sub(r"[^A-Za-z0-9_.:\-]", "-", raw)[-128:]
+
+
+@dataclass
+class WorkerConfig:
+    """How one worker behaves. Times are seconds.
+
+    - ``capacity``: most rollouts held at once (queued or generating); leases ask for the rest.
+    - ``lease_wait_s``: how long a lease long-polls on the scheduler when nothing is ready;
+      ``idle_poll_s``: pause after an empty answer before asking again.
+    - ``report_batch`` / ``flush_interval_s``: results are sent when this many are waiting, when
+      the oldest has waited this long, or at once when nothing else is being generated.
+    - ``heartbeat_interval_s``: default ``lease_ttl_s / 3`` (set ``lease_ttl_s`` to the
+      scheduler's ``SARA_LEASE_TTL_S``).
+    - ``backoff_*``: bounded exponential backoff while the scheduler is unreachable.
+    - ``max_rollouts``: lease no more than this many in total, then finish and return.
+    - ``on_stop``: what :meth:`WorkerLoop.stop` does with rollouts being generated: ``finish``
+      them (up to ``drain_timeout_s``), or ``abort`` them. Aborted-by-us rollouts are not
+      reported (a partial completion is not a result): their leases expire and the scheduler
+      issues them again.
+    """
+
+    worker_id: str = field(default_factory=default_worker_id)
+    backend_name: str | None = None
+    capacity: int = 64
+    lease_wait_s: float = 5.0
+    idle_poll_s: float = 0.05
+    report_batch: int = 16
+    flush_interval_s: float = 0.1
+    lease_ttl_s: float = 60.0
+    heartbeat_interval_s: float | None = None
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    log_interval_s: float = 30.0
+    max_rollouts: int | None = None
+    on_stop: Literal["finish", "abort"] = "finish"
+    drain_timeout_s: float = 60.0
+    initial_policy_version: int = 0
+    policy_load_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.report_batch < 1:
+            raise ValueError("capacity and report_batch must be at least 1")
+        if self.on_stop not in ("finish", "abort"):
+            raise ValueError("on_stop is 'finish' or 'abort'")
+        if self.max_rollouts is not None and self.max_rollouts < 0:
+            raise ValueError("max_rollouts must be >= 0")
+
+    @property
+    def heartbeat_every_s(self) -> float:
+        return self.heartbeat_interval_s or self.lease_ttl_s / 3
+
+
+@dataclass
+class WorkerCounters:
+    """What a worker has done; logged periodically and returned by ``run``."""
+
+    leases: int = 0
+    leased: int = 0
+    generated: int = 0
+    tokens: int = 0
+    aborted: int = 0
+    cancelled: int = 0
+    errors: int = 0
+    reported: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    late: int = 0
+    released: int = 0
+    dropped: int = 0
+    heartbeats: int = 0
+    policy_loads: int = 0
+    transient_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+class Backoff:
+    """Exponential backoff with jitter, capped: initial, 2x, 4x, ... up to ``maximum``."""
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
+        self.initial, self.maximum = initial, maximum
+        self._rng = rng or random.Random()
+        self._failures = 0
+
+    def next(self) -> float:
+        cap = min(self.maximum, self.initial * 2 ** min(self._failures, 60))
+        self._failures += 1
+        return cap * (0.5 + 0.5 * self._rng.random())
+
+    def reset(self) -> None:
+        self._failures = 0
+
+
+def is_fatal(exc: SaraError) -> bool:
+    """Errors that retrying cannot fix: bad credentials or a request the scheduler rejects."""
+    return isinstance(exc, (AuthenticationError, PermissionDeniedError, BadRequestError))
+
+
+def _finite(values: list[float] | None) -> list[float] | None:
+    if values is None:
+        return None
+    out = [float(v) if math.isfinite(v) else FLOOR_LOGPROB for v in values]
+    return out[:MAX_TOKENS_PER_ROLLOUT]
+
+
+def make_result(rollout_id: str, gen: Generation, reward: float,
+                policy_version: int) -> RolloutResult:
+    """A result the scheduler will accept: sizes clamped to its limits, numbers finite."""
+    token_ids = None if gen.token_ids is None else list(gen.token_ids)[:MAX_TOKENS_PER_ROLLOUT]
+    return RolloutResult(
+        rollout_id=rollout_id,
+        reward=min(max(reward, -1e6), 1e6) if math.isfinite(reward) else 0.0,
+        completion=(gen.completion or "")[:MAX_COMPLETION_CHARS],
+        completion_tokens=min(max(int(gen.completion_tokens), 0), MAX_TOKENS_PER_ROLLOUT),
+        finish_reason=(gen.finish_reason or "stop")[:32],
+        policy_version=max(int(policy_version), 0),
+        token_ids=token_ids,
+        logprobs=_finite(gen.logprobs),
+    )
+
+
+class Pulse:
+    """Injected time plus a broadcast "something changed", which tasks wait on instead of polling.
+
+    ``notify()`` wakes every ``wait()``; ``stopped`` is set once, by a stop request, and cuts
+    ``pause()`` short; ``closed`` tells periodic tasks to end (a cancellation alone is not enough:
+    some libraries swallow one that lands mid-call).
+    """
+
+    def __init__(self, clock: Callable[[], float],
+                 sleep: Callable[[float], Awaitable[Any]]) -> None:
+        self.clock, self.sleep = clock, sleep
+        self._changed = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.closed = False
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def race(self, waiter: Awaitable[Any], timeout: float | None) -> None:
+        """Await ``waiter`` for at most ``timeout`` s (None: no limit); the loser is cancelled."""
+        first = asyncio.ensure_future(waiter)
+        if timeout is None:
+            await first
+            return
+        sleeper = asyncio.ensure_future(self.sleep(max(timeout, 0.0)))
+        try:
+            await asyncio.wait({first, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+            sleeper.cancel()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Until the next ``notify()`` (or ``timeout``)."""
+        await self.race(self._changed.wait(), timeout)
+
+    async def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, cut short by a stop request."""
+        await self.race(self.stopped.wait(), seconds)
