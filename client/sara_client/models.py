@@ -297,7 +297,10 @@ class Counters(_Answer):
     groups_acked: int = 0
     rollouts_delivered: int = Field(0, description="Rollouts inside delivered groups.")
     rollouts_saved_vs_ds: int = Field(0, description="Sum over abandoned groups of k - issued.")
-    expected_false_abandons: float = Field(0.0, description="Sum of p_eff at abandonment.")
+    expected_false_abandons: float = Field(
+        0.0, description="Sum of p_eff under the group's prior at abandonment: the bound.")
+    estimated_false_abandons: float = Field(
+        0.0, description="Sum of P(mixed had it run to k) under each prompt's learned posterior.")
     decisions_commit: int = 0
     decisions_abandon: int = 0
     decisions_continue: int = 0
@@ -312,9 +315,15 @@ class Derived(_Answer):
     useful_fraction: float | None = Field(description="Rollouts in delivered groups / completed.")
     rollouts_per_effective_group: float | None
     ds_rollouts_per_effective_group: float | None = Field(
-        description="What Dynamic Sampling would have spent: k x groups decided / effective groups.")
+        description="What Dynamic Sampling would have spent: k x groups decided / (committed + "
+                    "estimated false abandons).")
+    ds_rollouts_per_effective_group_low: float | None = Field(
+        None, description="DS at its best: every prior-expected false abandon was real.")
+    ds_rollouts_per_effective_group_high: float | None = Field(
+        None, description="DS at its worst: no abandoned group would have been mixed.")
     abandon_rate: float | None
     expected_false_abandon_rate: float | None
+    estimated_false_abandon_rate: float | None = None
 
 
 class Queues(_Answer):

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sara_client.models import ErrorEnvelope
 
 from .errors import SaraServiceError, StoreUnavailable
-from .routers import batches, leases, observe, policy, prompts, results
+from .routers import batches, dashboard, leases, observe, policy, prompts, results
 from .scheduler import Clock, Scheduler
 from .settings import Settings
 from .store import Store
@@ -153,7 +153,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
                               "batches.")
     app.state.settings = settings
     app.state.scheduler = scheduler
-    for module in (prompts, leases, results, batches, policy, observe):
+    for module in (prompts, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
     _install_error_handlers(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

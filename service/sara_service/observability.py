@@ -73,18 +73,25 @@ def _counters(raw: dict) -> Counters:
 
 
 def derive(c: Counters, k: int) -> Derived:
-    """Efficiency figures from the counters (DESIGN.md section 4)."""
+    """Efficiency figures from the counters (DESIGN.md section 4).
+
+    Dynamic Sampling pays k for every decided group and finds effective the committed ones plus
+    the abandoned ones that would have ended mixed. That last number is estimated under each
+    prompt's learned posterior; the prior's p_eff sum (the reliability bound) and zero bracket it.
+    """
     decided = c.groups_committed + c.groups_abandoned + c.groups_dropped_saturated
-    # DS would have paid k for every decided group and found the committed ones (plus, in
-    # expectation, the ones SARA abandoned falsely) effective.
-    ds_effective = c.groups_committed + c.expected_false_abandons
     return Derived(
         rollouts_in_flight=c.rollouts_issued - c.rollouts_completed - c.rollouts_cancelled,
         useful_fraction=_ratio(c.rollouts_delivered, c.rollouts_completed),
         rollouts_per_effective_group=_ratio(c.rollouts_completed, c.groups_delivered),
-        ds_rollouts_per_effective_group=_ratio(k * decided, ds_effective),
+        ds_rollouts_per_effective_group=_ratio(
+            k * decided, c.groups_committed + c.estimated_false_abandons),
+        ds_rollouts_per_effective_group_low=_ratio(
+            k * decided, c.groups_committed + c.expected_false_abandons),
+        ds_rollouts_per_effective_group_high=_ratio(k * decided, c.groups_committed),
         abandon_rate=_ratio(c.groups_abandoned, decided),
-        expected_false_abandon_rate=_ratio(c.expected_false_abandons, c.groups_abandoned))
+        expected_false_abandon_rate=_ratio(c.expected_false_abandons, c.groups_abandoned),
+        estimated_false_abandon_rate=_ratio(c.estimated_false_abandons, c.groups_abandoned))
 
 
 def _workers(scores: list, info_raw: dict, now: float, stale_s: float) -> list[WorkerStats]:
@@ -95,7 +102,8 @@ def _workers(scores: list, info_raw: dict, now: float, stale_s: float) -> list[W
         completed = int(info.get(f"{wid}|completed", 0))
         tokens = int(info.get(f"{wid}|tokens", 0))
         first = float(info.get(f"{wid}|first_seen", last_seen))
-        span = last_seen - first
+        # a rate over a few milliseconds of activity says nothing: wait for a second of it
+        span = last_seen - first if last_seen - first >= 1.0 else 0.0
         version = info.get(f"{wid}|policy_version")
         out.append(WorkerStats(
             worker_id=wid, backend=info.get(f"{wid}|backend"), last_seen=last_seen,

@@ -113,6 +113,20 @@ local function make_ready(gkey, gid, done)
   redis.call('RPUSH', READY, gid .. '|' .. minv .. '|' .. done)
 end
 
+-- P(the group would still have ended mixed had it run to k) under the prompt's own learned
+-- posterior (which already holds this group's outcomes): 1 - E[(1-g)^rest] on the failing side,
+-- 1 - E[g^rest] on the succeeding side, each a product of one-step predictive probabilities.
+-- The prior's p_eff bounds false abandons; this estimates them, and sharpens as prompts recur.
+local function mixed_chance_under_posterior(pid, failing, rest)
+  local raw = redis.call('HGET', POST, pid)
+  local p = raw and cjson.decode(raw) or {a = a0, b = b0}
+  local stay = 1.0
+  for j = 0, rest - 1 do
+    stay = stay * ((failing and p.b or p.a) + j) / (p.a + p.b + j)
+  end
+  return 1.0 - stay
+end
+
 -- Decide an open group after one more outcome; returns the decision.
 local function decide_open(gkey, gid, g)
   if g.s > 0 and g.f > 0 then
@@ -136,6 +150,8 @@ local function decide_open(gkey, gid, g)
     redis.call('HINCRBY', STATS, 'groups_abandoned', 1)
     redis.call('HINCRBY', STATS, 'rollouts_saved_vs_ds', g.k - g.issued)
     redis.call('HINCRBYFLOAT', STATS, 'expected_false_abandons', p)
+    redis.call('HINCRBYFLOAT', STATS, 'estimated_false_abandons',
+      mixed_chance_under_posterior(g.pid, failing, g.k - n))
     redis.call('HINCRBY', HIST, tostring(g.done), 1)
     record_outcome(g.pid, 'abandoned', failing and 'F' or 'S')
     return 'abandon'

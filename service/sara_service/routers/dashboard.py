@@ -1,0 +1,119 @@
+"""GET /dashboard: a self-contained live page over /stats, and its static assets.
+
+Auth. With no role tokens configured the page is open, like every route. With tokens, the page
+itself needs an operator or admin token, given either as ``Authorization: Bearer <token>`` or as
+``?token=<token>`` (a browser cannot set a header when you type a URL). The page's script keeps
+the token in ``sessionStorage`` and sends it as a Bearer header on every ``/stats`` poll; /stats
+then applies its own role check. The assets under ``/dashboard/static/`` hold no data and are
+served without a token, so ``<script src>`` and ``<link href>`` work without one.
+
+The token never reaches a log: uvicorn's access log line is the request path *with* its query,
+so a filter on the ``uvicorn.access`` logger (installed when this module is imported) replaces
+the value of any ``token=`` parameter with ``***``. The page answers with
+``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store`` so the URL holding the token is
+neither forwarded nor cached, and with a Content-Security-Policy that allows only this origin.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import HTMLResponse, Response
+
+from sara_client.models import ErrorEnvelope
+
+from ..deps import Credentials, Forbidden, SettingsDep, Unauthorized, role_of
+from ..errors import NotFound
+
+router = APIRouter(tags=["operator"])
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+DASHBOARD_ROLES = frozenset({"operator", "admin"})
+ASSETS = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
+PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; "
+                                "img-src 'self' data:; connect-src 'self'; "
+                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
+}
+
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&#\s]*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with the value of every ``token=`` query parameter replaced by ``***``."""
+    return _TOKEN_IN_QUERY.sub(r"\1***", text)
+
+
+class RedactTokenFilter(logging.Filter):
+    """Blanks ``?token=`` values in log records (uvicorn's access log passes the path as an arg)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and record.args:
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.msg, str) and "token=" in record.msg.lower():
+            record.msg = redact(record.msg)
+        return True
+
+
+def install_log_redaction(logger_name: str = "uvicorn.access") -> None:
+    """Add the redacting filter to ``logger_name`` once (idempotent)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, RedactTokenFilter) for f in logger.filters):
+        logger.addFilter(RedactTokenFilter())
+
+
+install_log_redaction()
+
+
+def require_dashboard(settings: SettingsDep, creds: Credentials,
+                      token: Annotated[str | None, Query(
+                          description="Operator or admin token, for a browser that cannot send "
+                                      "a header; the page then sends it as a Bearer header.")
+                      ] = None) -> str | None:
+    """Operator or admin, by Bearer header or ``?token=``; open when no tokens are configured."""
+    if not settings.auth_enabled:
+        return None
+    given = creds.credentials if creds is not None else token
+    if not given:
+        raise Unauthorized(message="missing token: open /dashboard?token=<operator token> or "
+                                   "send 'Authorization: Bearer <token>'")
+    role = role_of(settings, given)
+    if role is None:
+        raise Unauthorized(message="invalid token")
+    if role not in DASHBOARD_ROLES:
+        raise Forbidden(message=f"a {role} token may not open the dashboard; needs one of "
+                                f"{sorted(DASHBOARD_ROLES)}")
+    return role
+
+
+@router.get("/dashboard", response_class=HTMLResponse,
+            dependencies=[Depends(require_dashboard)],
+            responses={200: {"content": {"text/html": {}}, "description": "The dashboard page"},
+                       401: {"model": ErrorEnvelope, "description": "No or unknown token"},
+                       403: {"model": ErrorEnvelope, "description": "Not an operator or admin "
+                                                                    "token"}})
+async def dashboard() -> HTMLResponse:
+    """A live page of /stats: efficiency against Dynamic Sampling, decisions per second, the
+    abandonment histogram, queues, workers, batches and the configuration in force."""
+    html = (STATIC_DIR / "dashboard.html").read_text(encoding="utf-8")
+    return HTMLResponse(html, headers=PAGE_HEADERS)
+
+
+@router.get("/dashboard/static/{name}", include_in_schema=False)
+async def dashboard_asset(name: str) -> Response:
+    """The dashboard's script and stylesheet (no data in them: served without a token)."""
+    media_type = ASSETS.get(name)
+    if media_type is None:  # a fixed list of names: no path from the request reaches the disk
+        raise NotFound("unknown_asset", f"no dashboard asset named {name!r}")
+    return Response((STATIC_DIR / name).read_bytes(), media_type=media_type,
+                    headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
