@@ -25,11 +25,11 @@ class Forbidden(SaraServiceError):
     code = "forbidden"
 
 
-def get_scheduler(request: Request) -> Scheduler:
+async def get_scheduler(request: Request) -> Scheduler:
     return request.app.state.scheduler
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -54,7 +54,8 @@ def require(*roles: str) -> Callable:
     """Dependency allowing `roles` (and admin); open when no tokens are configured."""
     allowed = {"admin", *roles}
 
-    def check(settings: SettingsDep, creds: Credentials) -> str | None:
+    # async: a plain def would be run in a thread pool on every request
+    async def check(settings: SettingsDep, creds: Credentials) -> str | None:
         if not settings.auth_enabled:
             return None
         if creds is None:

@@ -221,16 +221,15 @@ class Scheduler:
     async def _load_batch(self, batch_id: str, redelivered: bool) -> Batch:
         meta = await self.store.read_batch(batch_id)
         gids = meta["groups"].split(",")
-        rows = await self.store.read_groups(gids)
-        prompts = await self.store.read_prompts([row.get("prompt_id", "") for row in rows])
+        rows = await self.store.read_group_results(gids, self.settings.group_size)
+        prompts = await self.store.read_prompts([pid for pid, _ in rows])
         groups = []
-        for gid, row, prompt in zip(gids, rows, prompts):
-            slots = sorted(int(f[2:]) for f in row if f.startswith("r:"))
-            rollouts = [BatchRollout.model_validate_json(row[f"r:{i}"]) for i in slots]
+        for gid, (pid, results), prompt in zip(gids, rows, prompts):
             prompt = prompt or {}
-            groups.append(BatchGroup(group_id=gid, prompt_id=row.get("prompt_id", ""),
-                                     prompt=prompt.get("prompt", ""), answer=prompt.get("answer"),
-                                     task=prompt.get("task", "exact"), rollouts=rollouts))
+            groups.append(BatchGroup(
+                group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
+                answer=prompt.get("answer"), task=prompt.get("task", "exact"),
+                rollouts=[BatchRollout.model_validate_json(r) for r in results]))
         return Batch(batch_id=batch_id, policy_version=int(meta["policy_version"]),
                      created_at=float(meta["created_at"]), redelivered=redelivered,
                      groups=groups, stats=BatchStats.model_validate_json(meta["stats"]))

@@ -269,6 +269,17 @@ class Store:
         return [{_s(a): _s(b) for a, b in row.items()} for row in rows]
 
     @_unavailable_on_redis_error
+    async def read_group_results(self, group_ids: list[str], k: int
+                                 ) -> list[tuple[str, list[str]]]:
+        """(prompt id, result JSONs in slot order) per group: only what a batch carries."""
+        fields = ["prompt_id", *(f"r:{i}" for i in range(k))]
+        pipe = self.redis.pipeline(transaction=False)
+        for gid in group_ids:
+            pipe.hmget(self.keys.group(gid), fields)
+        rows = await pipe.execute()
+        return [(_s(row[0] or b""), [_s(r) for r in row[1:] if r is not None]) for row in rows]
+
+    @_unavailable_on_redis_error
     async def read_prompts(self, pids: list[str]) -> list[dict[str, Any] | None]:
         """Prompt content of each id (None where unknown)."""
         if not pids:

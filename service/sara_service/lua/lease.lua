@@ -29,11 +29,14 @@ while got < want do
   end
 end
 if got > 0 then
+  -- a lease topped up by a second call in the same request is still one lease
+  if redis.call('EXISTS', KEYS[6]) == 0 then
+    redis.call('HINCRBY', KEYS[4], 'leases_granted', 1)
+    redis.call('HINCRBY', KEYS[11], wid .. '|leases', 1)
+  end
   redis.call('HSET', KEYS[6], 'worker', wid, 'expires_at', ARGV[5])
   redis.call('EXPIRE', KEYS[6], ARGV[6])
   redis.call('EXPIRE', KEYS[7], ARGV[6])
-  redis.call('HINCRBY', KEYS[4], 'leases_granted', 1)
-  redis.call('HINCRBY', KEYS[11], wid .. '|leases', 1)
   redis.call('HSETNX', KEYS[11], wid .. '|first_seen', ARGV[1])
 end
 redis.call('ZADD', KEYS[8], ARGV[1], wid)

@@ -4,6 +4,7 @@ from fastapi import APIRouter, Response
 
 from sara_client.models import AckResponse, Batch, Identifier, NextBatchRequest
 
+from . import json_response
 from ..deps import SchedulerDep, TrainerRole
 
 router = APIRouter(prefix="/batches", tags=["trainer"], dependencies=[TrainerRole])
@@ -16,7 +17,7 @@ async def next_batch(scheduler: SchedulerDep, body: NextBatchRequest | None = No
     batch = await scheduler.next_batch(body or NextBatchRequest())
     if batch is None:
         return Response(status_code=204)
-    return batch
+    return json_response(batch)
 
 
 @router.post("/{batch_id}/ack", response_model=AckResponse,

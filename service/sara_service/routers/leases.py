@@ -5,15 +5,16 @@ from fastapi import APIRouter
 from sara_client.models import (HeartbeatRequest, HeartbeatResponse, Identifier, LeaseRequest,
                                 LeaseResponse)
 
+from . import json_response
 from ..deps import SchedulerDep, WorkerRole
 
 router = APIRouter(prefix="/leases", tags=["workers"], dependencies=[WorkerRole])
 
 
 @router.post("", response_model=LeaseResponse)
-async def lease(body: LeaseRequest, scheduler: SchedulerDep) -> LeaseResponse:
+async def lease(body: LeaseRequest, scheduler: SchedulerDep):
     """Lease rollouts to generate; long-polls up to wait_s when there is nothing to do."""
-    return await scheduler.lease(body)
+    return json_response(await scheduler.lease(body))
 
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse,

@@ -4,6 +4,7 @@ from fastapi import APIRouter
 
 from sara_client.models import ResultsRequest, ResultsResponse
 
+from . import json_response
 from ..deps import SchedulerDep, WorkerRole
 
 router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole])
@@ -11,6 +12,6 @@ router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole
 
 @router.post("", response_model=ResultsResponse,
              responses={404: {"description": "Unknown rollout ids; nothing was applied"}})
-async def report(body: ResultsRequest, scheduler: SchedulerDep) -> ResultsResponse:
+async def report(body: ResultsRequest, scheduler: SchedulerDep):
     """Report rewards; answers the decisions taken and the worker's cancel list."""
-    return await scheduler.report(body)
+    return json_response(await scheduler.report(body))
