@@ -55,6 +55,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI's body parser: undecodable bytes, not JSON at all
+            return _envelope(422, "invalid_request", f"body: {exc.detail}; send UTF-8 JSON")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _envelope(exc.status_code, code, str(exc.detail), None, exc.headers)
 

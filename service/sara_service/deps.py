@@ -8,6 +8,8 @@ from typing import Annotated, Callable
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from sara_client.models import ErrorEnvelope
+
 from .errors import SaraServiceError
 from .scheduler import Scheduler
 from .settings import Settings
@@ -76,3 +78,24 @@ TrainerRole = Depends(require("trainer"))
 AdminRole = Depends(require())
 ReaderRole = Depends(require("operator", "trainer"))
 AnyRole = Depends(require("operator", "trainer", "worker"))
+
+
+# OpenAPI entries for what every secured route can answer before its handler runs.
+AUTH_RESPONSES: dict[int | str, dict] = {
+    401: {"model": ErrorEnvelope, "description": "Missing or invalid bearer token"},
+    403: {"model": ErrorEnvelope, "description": "The token's role may not do this"},
+}
+NOT_FOUND: dict[int | str, dict] = {404: {"model": ErrorEnvelope, "description": "Unknown id"}}
+
+
+def error_doc(description: str) -> dict:
+    """OpenAPI entry for a JSON error envelope on a route whose own answers are not JSON."""
+    ref = {"$ref": "#/components/schemas/ErrorEnvelope"}
+    return {"description": description, "content": {"application/json": {"schema": ref}}}
+
+
+NON_JSON_AUTH_RESPONSES: dict[int | str, dict] = {
+    401: error_doc("Missing or invalid bearer token"),
+    403: error_doc("The token's role may not do this"),
+    422: error_doc("Invalid request"),
+}

@@ -257,9 +257,13 @@ for i = 1, count do
       accepted = accepted + 1
     end
     if not decided[gid] then order[#order + 1] = gid end
-    -- a group decided earlier answers with its standing verdict
-    decided[gid] = decision or (redis.call('HGET', GSTATE, gid) == 'abandoned' and 'abandon')
-      or 'commit'
+    -- a result that decided nothing answers with the group's standing verdict
+    if not decision then
+      local state = redis.call('HGET', GSTATE, gid)
+      decision = (state == 'open' and 'continue') or (state == 'abandoned' and 'abandon')
+        or 'commit'
+    end
+    decided[gid] = decision
   end
 end
 

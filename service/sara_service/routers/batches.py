@@ -5,9 +5,10 @@ from fastapi import APIRouter, Response
 from sara_client.models import AckResponse, Batch, Identifier, NextBatchRequest
 
 from . import json_response
-from ..deps import SchedulerDep, TrainerRole
+from ..deps import AUTH_RESPONSES, SchedulerDep, TrainerRole
 
-router = APIRouter(prefix="/batches", tags=["trainer"], dependencies=[TrainerRole])
+router = APIRouter(prefix="/batches", tags=["trainer"], dependencies=[TrainerRole],
+                   responses=AUTH_RESPONSES)
 
 
 @router.post("/next", response_model=Batch,

@@ -24,9 +24,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse, Response
 
-from sara_client.models import ErrorEnvelope
 
-from ..deps import Credentials, Forbidden, SettingsDep, Unauthorized, role_of
+from ..deps import NON_JSON_AUTH_RESPONSES, Credentials, Forbidden, SettingsDep, Unauthorized, role_of
 from ..errors import NotFound
 
 router = APIRouter(tags=["operator"])
@@ -99,9 +98,7 @@ def require_dashboard(settings: SettingsDep, creds: Credentials,
 @router.get("/dashboard", response_class=HTMLResponse,
             dependencies=[Depends(require_dashboard)],
             responses={200: {"content": {"text/html": {}}, "description": "The dashboard page"},
-                       401: {"model": ErrorEnvelope, "description": "No or unknown token"},
-                       403: {"model": ErrorEnvelope, "description": "Not an operator or admin "
-                                                                    "token"}})
+                       **NON_JSON_AUTH_RESPONSES})
 async def dashboard() -> HTMLResponse:
     """A live page of /stats: efficiency against Dynamic Sampling, decisions per second, the
     abandonment histogram, queues, workers, batches and the configuration in force."""

@@ -6,9 +6,10 @@ from sara_client.models import (HeartbeatRequest, HeartbeatResponse, Identifier,
                                 LeaseResponse)
 
 from . import json_response
-from ..deps import SchedulerDep, WorkerRole
+from ..deps import AUTH_RESPONSES, SchedulerDep, WorkerRole
 
-router = APIRouter(prefix="/leases", tags=["workers"], dependencies=[WorkerRole])
+router = APIRouter(prefix="/leases", tags=["workers"], dependencies=[WorkerRole],
+                   responses=AUTH_RESPONSES)
 
 
 @router.post("", response_model=LeaseResponse)

@@ -5,26 +5,29 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sara_client.models import GroupOut, HealthResponse, Identifier, StatsResponse
 
-from ..deps import ReaderRole, SchedulerDep
+from ..deps import AUTH_RESPONSES, NON_JSON_AUTH_RESPONSES, NOT_FOUND, ReaderRole, SchedulerDep
 from ..errors import StoreUnavailable
 from ..observability import group_view, prometheus_text, stats_view
 
 router = APIRouter(tags=["operator"])
 
 
-@router.get("/groups/{group_id}", response_model=GroupOut, dependencies=[ReaderRole])
+@router.get("/groups/{group_id}", response_model=GroupOut, dependencies=[ReaderRole],
+            responses={**AUTH_RESPONSES, **NOT_FOUND})
 async def get_group(group_id: Identifier, scheduler: SchedulerDep) -> GroupOut:
     """One group's state, counts, thresholds and rollouts."""
     return await group_view(scheduler.store, group_id)
 
 
-@router.get("/stats", response_model=StatsResponse, dependencies=[ReaderRole])
+@router.get("/stats", response_model=StatsResponse, dependencies=[ReaderRole],
+            responses=AUTH_RESPONSES)
 async def stats(scheduler: SchedulerDep) -> StatsResponse:
     """Counters, derived efficiency, queues, workers and recent batches."""
     return await stats_view(scheduler.store, scheduler.settings, scheduler.clock())
 
 
-@router.get("/metrics", response_class=PlainTextResponse, dependencies=[ReaderRole])
+@router.get("/metrics", response_class=PlainTextResponse, dependencies=[ReaderRole],
+            responses=NON_JSON_AUTH_RESPONSES)
 async def metrics(scheduler: SchedulerDep) -> str:
     """The same figures in Prometheus text format."""
     view = await stats_view(scheduler.store, scheduler.settings, scheduler.clock())

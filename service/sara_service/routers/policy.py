@@ -4,9 +4,10 @@ from fastapi import APIRouter
 
 from sara_client.models import PolicyInfo, PublishPolicyRequest
 
-from ..deps import AnyRole, SchedulerDep, TrainerRole
+from ..deps import AUTH_RESPONSES, AnyRole, SchedulerDep, TrainerRole
 
-router = APIRouter(prefix="/policy", tags=["trainer"])
+router = APIRouter(prefix="/policy", tags=["trainer"],
+                   responses=AUTH_RESPONSES)
 
 
 @router.get("", response_model=PolicyInfo, dependencies=[AnyRole])

@@ -5,9 +5,10 @@ from fastapi import APIRouter
 from sara_client.models import (AddPromptsRequest, AddPromptsResponse, Identifier, Posterior,
                                 PromptHistory, PromptOut)
 
-from ..deps import AdminRole, ReaderRole, SchedulerDep
+from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, ReaderRole, SchedulerDep
 
-router = APIRouter(prefix="/prompts", tags=["prompts"])
+router = APIRouter(prefix="/prompts", tags=["prompts"],
+                   responses=AUTH_RESPONSES)
 
 
 @router.post("", response_model=AddPromptsResponse, dependencies=[AdminRole])
@@ -17,7 +18,8 @@ async def add_prompts(body: AddPromptsRequest, scheduler: SchedulerDep) -> AddPr
     return AddPromptsResponse(ids=ids, created=created)
 
 
-@router.get("/{prompt_id}", response_model=PromptOut, dependencies=[ReaderRole])
+@router.get("/{prompt_id}", response_model=PromptOut, dependencies=[ReaderRole],
+            responses=NOT_FOUND)
 async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOut:
     """A prompt with its posterior and history."""
     content, post = await scheduler.store.get_prompt(prompt_id)

@@ -5,9 +5,10 @@ from fastapi import APIRouter
 from sara_client.models import ResultsRequest, ResultsResponse
 
 from . import json_response
-from ..deps import SchedulerDep, WorkerRole
+from ..deps import AUTH_RESPONSES, SchedulerDep, WorkerRole
 
-router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole])
+router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole],
+                   responses=AUTH_RESPONSES)
 
 
 @router.post("", response_model=ResultsResponse,
