@@ -1,1 +1,31 @@
-"""SARA package."""
+"""Synthetic verifiable tasks the trainer can generate, score and evaluate without a service.
+
+A task module has ``TASK`` (its verifier name), ``reward(completion, prompt) -> float`` and
+``make_split(n, seed, buckets=None, split="train") -> list[PromptIn-shaped dict]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+TASKS: dict[str, str] = {"arith": "sara_trainer.tasks.arith"}
+
+
+def get_task(name: str) -> ModuleType:
+    """The task module called `name`; ValueError naming the choices when unknown."""
+    try:
+        return importlib.import_module(TASKS[name])
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(sorted(TASKS))}") \
+            from None
+
+
+def score(prompt: Mapping[str, Any], completion: str) -> float:
+    """Reward of `completion` for a PromptIn-shaped `prompt` dict, by its ``task``."""
+    return get_task(str(prompt.get("task", "arith"))).reward(completion, prompt)
+
+
+__all__ = ["TASKS", "get_task", "score"]

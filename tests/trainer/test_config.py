@@ -1,0 +1,28 @@
+"""TrainerConfig: dict round trip, strict keys, validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sara_trainer.config import TrainerConfig
+
+
+def test_round_trip_through_json():
+    config = TrainerConfig(lr=2e-5, k=16, batch_groups=64, advantage_estimator="dr_grpo",
+                           clip_eps_low=0.1, clip_eps_high=0.3, kl_coef=0.01, seed=5,
+                           checkpoint_dir="/tmp/x", sft_steps=100, sft_seconds=None,
+                           extra={"note": [1, 2]})
+    data = json.loads(json.dumps(config.to_dict()))
+    assert TrainerConfig.from_dict(data) == config
+    assert config.replace(lr=1.0).lr == 1.0
+
+
+def test_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="unknown TrainerConfig fields: nope"):
+        TrainerConfig.from_dict({"nope": 1})
+    assert TrainerConfig.from_dict({"nope": 1, "k": 4}, strict=False).k == 4
+    for bad in ({"advantage_estimator": "ppo"}, {"lr": 0}, {"k": 1}, {"clip_eps_low": 1.0},
+                {"kl_coef": -1}, {"sft_schedule": "step"}, {"loss_aggregation": "sum"}):
+        with pytest.raises(ValueError, match="invalid TrainerConfig"):
+            TrainerConfig(**bad)

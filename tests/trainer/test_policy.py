@@ -1,0 +1,63 @@
+"""Policy helpers: seeded sampling, logprobs that training reproduces, greedy accuracy, spread."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from sara_trainer.policy import (
+    completion_logprobs,
+    encode_prompts,
+    greedy_accuracy,
+    group_outcomes,
+    make_batch,
+    sample,
+)
+from sara_trainer.tasks.arith import BUCKET_NAMES, make_eval_set
+
+
+def test_sampling_is_seeded_and_logprobs_match_a_training_forward(tiny):
+    model, tokenizer = tiny
+    prompts = ["12+345=", "7*8=", "999-1="]
+    a = sample(model, tokenizer, prompts, k=4, max_new_tokens=6, temperature=1.0,
+               generator=torch.Generator().manual_seed(0))
+    b = sample(model, tokenizer, prompts, k=4, max_new_tokens=6, temperature=1.0,
+               generator=torch.Generator().manual_seed(0))
+    assert a.token_ids == b.token_ids and a.completions == b.completions
+    assert len(a) == 12 and len(a.group(2)) == 4
+    for ids, lps, reason in zip(a.token_ids, a.logprobs, a.finish_reasons):
+        assert len(ids) == len(lps) and 1 <= len(ids) <= 6
+        assert reason == ("stop" if ids[-1] == tokenizer.eos_token_id else "length")
+        assert all(lp <= 0 for lp in lps)
+    rows = [a.prompt_ids[i // 4] for i in range(12)]
+    batch = make_batch(rows, a.token_ids, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, entropy = completion_logprobs(model, batch, with_entropy=True)
+    for r, lps in enumerate(a.logprobs):
+        torch.testing.assert_close(logp[r, :len(lps)], torch.tensor(lps), atol=1e-5, rtol=0)
+    assert torch.all(logp[batch.completion_mask == 0] == 0)
+    assert torch.all(entropy >= 0)
+
+
+def test_greedy_does_not_depend_on_batching(tiny):
+    model, tokenizer = tiny
+    prompts = ["1+1=", "1234+5678=", "99*9="]
+    together = sample(model, tokenizer, prompts, k=1, max_new_tokens=5, temperature=0)
+    for i, p in enumerate(prompts):
+        alone = sample(model, tokenizer, [p], k=1, max_new_tokens=5, temperature=0)
+        assert alone.token_ids[0] == together.token_ids[i]
+    assert encode_prompts(tokenizer, [{"prompt": "1+1="}]) == encode_prompts(tokenizer, ["1+1="])
+
+
+def test_greedy_accuracy_and_group_outcomes_report_by_bucket(tiny):
+    model, tokenizer = tiny
+    evals = make_eval_set(60, seed=0)
+    acc = greedy_accuracy(model, tokenizer, evals)
+    assert acc["n"] == 60 and 0.0 <= acc["accuracy"] <= 1.0
+    assert list(acc["by_bucket"]) == list(BUCKET_NAMES)
+    spread = group_outcomes(model, tokenizer, evals[:20], k=3,
+                            generator=torch.Generator().manual_seed(0))
+    assert abs(spread["all_fail"] + spread["mixed"] + spread["all_success"] - 1.0) < 1e-9
+    assert spread["n"] == 20
