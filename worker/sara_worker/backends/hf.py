@@ -21,7 +21,8 @@ checkpoint is the model.
 
 Options: ``model`` (directory), ``device`` (default ``cuda`` when available, else ``cpu``),
 ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``), ``seed`` (for unseeded rollouts),
-``max_batch``, ``batch_window_s``, ``logprobs`` (bool), ``trust_remote_code``.
+``max_batch``, ``batch_window_s``, ``logprobs`` (bool), ``trust_remote_code``, ``threads`` (torch
+CPU threads, process-wide; on a busy CPU box 1 thread is often fastest for small models).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, Callable
 
 from sara_client.models import Rollout
 
@@ -82,9 +83,12 @@ class HFBackend(BaseBackend):
     def __init__(self, model: str | None = None, *, device: str | None = None,
                  dtype: str = "auto", seed: int | None = None, max_batch: int = 64,
                  batch_window_s: float = 0.005, logprobs: bool = True,
-                 trust_remote_code: bool = False) -> None:
+                 trust_remote_code: bool = False, threads: int | None = None) -> None:
         super().__init__()
         import torch
+
+        if threads is not None:
+            torch.set_num_threads(int(threads))  # process-wide, like torch itself
 
         if max_batch < 1 or batch_window_s < 0:
             raise ValueError("max_batch >= 1 and batch_window_s >= 0 are required")
@@ -218,7 +222,10 @@ class HFBackend(BaseBackend):
                     self._ensure_batcher()
                 return await req.future
             finally:
-                req.aborted = req.aborted or not req.future.done()  # cancelled caller
+                if not req.future.done() or req.future.cancelled():  # the caller was cancelled
+                    req.aborted = True
+                    if req in self._queue:
+                        self._queue.remove(req)
                 if self._by_id.get(req.rollout_id) is req:
                     del self._by_id[req.rollout_id]
 
@@ -234,6 +241,7 @@ class HFBackend(BaseBackend):
 
     def _finish(self, req: _Request, reason: str) -> None:
         if req.future.done():
+            req.aborted = True  # its caller is gone: drop it from the batch
             return
         req.finish_reason = reason
         loaded = self._loaded
@@ -282,7 +290,7 @@ class HFBackend(BaseBackend):
         while True:
             keep: list[int] = []
             for i, req in enumerate(rows):
-                if req.aborted:
+                if req.aborted or req.future.done():
                     self._finish(req, "abort")  # dropped before this step's token counts
                     continue
                 token, logprob = sampled[i]
@@ -306,13 +314,15 @@ class HFBackend(BaseBackend):
             return "stop"
         if len(req.token_ids) >= req.max_tokens:
             return "length"
-        if loaded.context is not None and len(req.prompt_ids) + len(req.token_ids) >= loaded.context:
+        used = len(req.prompt_ids) + len(req.token_ids)
+        if loaded.context is not None and used >= loaded.context:
             return "length"
         return None
 
     # --- torch (on the torch thread) -------------------------------------------------------------
 
-    def _prefill(self, loaded: _Loaded, rows: list[_Request]) -> tuple[_Batch, list[tuple[int, float]]]:
+    def _prefill(self, loaded: _Loaded,
+                 rows: list[_Request]) -> tuple[_Batch, list[tuple[int, float]]]:
         import torch
 
         width = max(len(r.prompt_ids) for r in rows)
@@ -408,16 +418,21 @@ class HFBackend(BaseBackend):
         """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
 
         def ready() -> bool:
-            return all((self.tokens_so_far(r) or 0) >= tokens for r in rollout_ids)
+            counts = [self.tokens_so_far(r) for r in rollout_ids]
+            return all(c is not None and c >= tokens for c in counts)
 
+        return await self.wait_until(ready, timeout)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not ready():
+        while not predicate():
             left = deadline - loop.time()
             if left <= 0:
                 return False
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
             except asyncio.TimeoutError:
-                return ready()
+                return predicate()
         return True

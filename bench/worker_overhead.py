@@ -1,0 +1,519 @@
+#!/usr/bin/env python
+"""Worker overhead: rollouts/s through the service vs the same vLLM engine driven directly.
+
+Recorded, not asserted. One in-process vLLM engine (``AsyncLLM``, via the ``vllm`` worker backend)
+is started once and used by both paths, in alternating rounds:
+
+- **engine**: this process submits the rollouts straight to the engine, ``--concurrency`` at a
+  time, one request per rollout, with the exact ``SamplingParams`` the backend builds (n=1,
+  temperature/top_p/max_tokens from the scheduler's settings, sampled-token logprobs, streamed
+  deltas), and reads the outputs; nothing else.
+- **service**: a ``sara serve`` process (its own embedded Redis, ``--policy uniform`` so every
+  rollout is delivered: useful work) hands out the same prompts, ``--group-size`` rollouts each;
+  a :class:`sara_worker.loop.WorkerLoop` with the vllm backend and ``capacity=--concurrency``
+  leases, generates, verifies (``exact``) and reports them; a trainer task pulls and acks the
+  batches so flow control never holds the worker back. The round ends when the worker has
+  reported every rollout (``max_rollouts``).
+
+Both paths run the same number of rollouts of the same prompts with the same sampling parameters
+and the same number in flight. rollouts/s = rollouts / wall time of the round; the table gives
+the median over ``--rounds`` rounds of each, and the median over rounds of service/engine in
+back-to-back pairs (robust to other load drifting on a shared box; target: service >= 90%).
+Tokens/s is shown too (rollout lengths are random: the model can stop early).
+
+On a small shared CPU box the scheduler, Redis, the engine's process and this one share the
+cores; the table reports the CPU count and load.
+
+Usage: python bench/worker_overhead.py [--rollouts 1024] [--concurrency 64] [--max-tokens 32]
+                                       [--rounds 3] [--model DIR] [--out FILE | --no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "bench" / "results" / "worker_overhead.txt"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rollouts", type=int, default=1024, help="rollouts per round")
+    p.add_argument("--concurrency", type=int, default=64,
+                   help="rollouts the engine runs at once (its max_num_seqs, both paths)")
+    p.add_argument("--lease-ahead", type=int, default=64,
+                   help="service path: rollouts the worker holds beyond --concurrency, queued "
+                        "in the engine, to hide the lease round trip (0: none)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--group-size", type=int, default=8, help="k: rollouts per prompt")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of each path, alternating")
+    p.add_argument("--model", help="model directory (default: build the tiny test policy)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=128)
+    p.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="enforce_eager (the CPU build needs it)")
+    p.add_argument("--scheduler", choices=("process", "inprocess"), default="process",
+                   help="process: `sara serve` in its own process, reached over HTTP (as "
+                        "deployed); inprocess: the same app in this process over "
+                        "httpx.ASGITransport, with its own Redis")
+    p.add_argument("--scheduler-nice", type=int, default=0,
+                   help="run sara serve (and its Redis) at this nice level")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--no-write", action="store_true")
+    p.add_argument("--append", action="store_true", help="append to --out instead of replacing")
+    args = p.parse_args(argv)
+    if args.rollouts % args.group_size:
+        p.error("--rollouts must be a multiple of --group-size")
+    return args
+
+
+def prompts(n: int) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs: small sums."""
+    return [(f"{i % 97}+{i // 97}=", str(i % 97 + i // 97)) for i in range(n)]
+
+
+@dataclass
+class Round:
+    path: str
+    rollouts: int
+    tokens: int
+    seconds: float
+    cores: dict | None = None
+    calls: str = ""
+    inflight: float = 0.0  # mean requests in the engine while the round ran
+
+    @property
+    def rate(self) -> float:
+        return self.rollouts / self.seconds
+
+    @property
+    def token_rate(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def per_engine_cpu(self) -> float:
+        """Rollouts per CPU-second the engine's own processes got (None-safe)."""
+        used = (self.cores or {}).get("engine", 0.0) * self.seconds
+        return self.rollouts / used if used > 0 else float("nan")
+
+
+# --- CPU accounting (Linux /proc) ---------------------------------------------------------------
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            kids = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for kid in map(int, kids):
+            out += [kid, *_descendants(kid)]
+    return out
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """user + system CPU seconds these (live) processes have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_wait_of(pids: list[int]) -> float:
+    """Seconds these processes' threads have spent runnable but waiting for a CPU (schedstat)."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return total / 1e9
+
+
+def _machine_busy() -> float:
+    """CPU seconds every process on the machine has used (/proc/stat, all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds per part over one round: this process, the engine, the scheduler, the rest."""
+
+    def __init__(self, scheduler_pid: int | None) -> None:
+        self.scheduler_pid = scheduler_pid
+
+    def sample(self) -> dict[str, float]:
+        me = os.getpid()
+        engine = _descendants(me)
+        scheduler = ([self.scheduler_pid, *_descendants(self.scheduler_pid)]
+                     if self.scheduler_pid else [])
+        engine = [p for p in engine if p not in scheduler]
+        return {"worker": _cpu_of([me]), "engine": _cpu_of(engine),
+                "scheduler": _cpu_of(scheduler), "machine": _machine_busy(),
+                "wait": _cpu_wait_of(engine)}
+
+    @staticmethod
+    def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+        used = {k: (after[k] - before[k]) / seconds for k in before}
+        used["other"] = max(0.0, used.pop("machine") - used["worker"] - used["engine"]
+                            - used["scheduler"])
+        used["engine-waiting"] = used.pop("wait")
+        return used
+
+
+class InflightSampler:
+    """Mean number of requests the engine holds, sampled every 10 ms (a measurement aid)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.samples = engine, []
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.samples.append(self.engine.get_num_unfinished_requests())
+            await asyncio.sleep(0.01)
+
+    def stop(self) -> float:
+        self.task.cancel()
+        return statistics.fmean(self.samples) if self.samples else 0.0
+
+
+# --- the engine alone ----------------------------------------------------------------------------
+
+
+async def engine_round(backend, args, tag: str) -> Round:
+    from sara_client.models import Rollout, SamplingParams
+
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                              max_tokens=args.max_tokens)
+    pairs = prompts(args.rollouts // args.group_size)
+    rollouts = [Rollout(rollout_id=f"{tag}{g}:{j}", group_id=f"{tag}{g}", prompt_id=f"p{g}",
+                        prompt=prompt, task="exact", answer=answer, sampling=sampling)
+                for g, (prompt, answer) in enumerate(pairs) for j in range(args.group_size)]
+    engine = backend.engine
+    gate = asyncio.Semaphore(args.concurrency)
+    tokens = 0
+
+    async def one(rollout) -> None:
+        nonlocal tokens
+        async with gate:
+            prompt = await backend.engine_input(rollout.prompt)
+            async for out in engine.generate(prompt, backend.sampling_params(rollout),
+                                             rollout.rollout_id):
+                tokens += len(out.outputs[0].token_ids)
+
+    sampler = InflightSampler(engine)
+    started = time.perf_counter()
+    await asyncio.gather(*(one(r) for r in rollouts))
+    elapsed = time.perf_counter() - started
+    return Round("engine", len(rollouts), tokens, elapsed, inflight=sampler.stop())
+
+
+# --- through the service -------------------------------------------------------------------------
+
+
+class Scheduler:
+    """`sara serve` (embedded Redis) in a subprocess, uniform policy."""
+
+    def __init__(self, args, work: Path) -> None:
+        from sara_service.embedded import free_port
+
+        self.port = free_port()
+        self.log = work / "serve.log"
+        nice = ["nice", "-n", str(args.scheduler_nice)] if args.scheduler_nice else []
+        self.cmd = [*nice, sys.executable, "-m", "sara_service.cli", "serve",
+                    "--port", str(self.port),
+                    "--policy", "uniform", "--group-size", str(args.group_size),
+                    "--batch-size", "8", "--data-dir", str(work / "sara-data"),
+                    "--log-level", "warning"]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SARA_")}
+        self.env.update({"SARA_PREFETCH_BATCHES": "16", "SARA_MAX_TOKENS": str(args.max_tokens),
+                         "SARA_TEMPERATURE": str(args.temperature),
+                         "SARA_TOP_P": str(args.top_p), "SARA_MAX_STALENESS": "100"})
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Scheduler":
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=self.env,
+                                            start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # start-up: poll /readyz with a deadline
+            if self.process.poll() is not None:
+                break
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"sara serve did not start:\n{self.log.read_text()[-3000:]}")
+
+    def client(self):
+        from sara_client import AsyncSaraClient
+
+        return AsyncSaraClient(self.url)
+
+    def cpu_pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class InProcessScheduler:
+    """The scheduler app in this process (httpx.ASGITransport), on its own embedded Redis."""
+
+    def __init__(self, args, work: Path) -> None:
+        self.args, self.work = args, work
+        self.redis = None
+        self.app = None
+
+    def start(self) -> "InProcessScheduler":
+        from sara_service.app import create_app
+        from sara_service.embedded import EmbeddedRedis
+        from sara_service.settings import Settings
+
+        self.redis = EmbeddedRedis(self.work / "redis").start()
+        a = self.args
+        self.app = create_app(Settings(
+            redis_url=self.redis.url, policy="uniform", group_size=a.group_size, batch_size=8,
+            prefetch_batches=16, max_tokens=a.max_tokens, temperature=a.temperature,
+            top_p=a.top_p, max_staleness=100))
+        return self
+
+    def client(self):
+        from sara_client import AsyncSaraClient
+
+        return AsyncSaraClient("http://scheduler", transport=httpx.ASGITransport(app=self.app))
+
+    def cpu_pid(self) -> int | None:
+        process = getattr(self.redis, "process", None) or getattr(self.redis, "_process", None)
+        return getattr(process, "pid", None)
+
+    def stop(self) -> None:
+        if self.redis is not None:
+            self.redis.stop()
+
+
+async def service_round(backend, args, scheduler, tag: str) -> Round:
+    from sara_client import AsyncSaraClient
+    from sara_worker.loop import WorkerLoop
+    from sara_worker.support import WorkerConfig
+
+    admin, trainer, worker = scheduler.client(), scheduler.client(), scheduler.client()
+    pairs = prompts(args.rollouts // args.group_size)
+    await admin.add_prompts([{"id": f"{tag}p{i}", "prompt": p, "answer": a, "task": "exact"}
+                             for i, (p, a) in enumerate(pairs)])
+    config = WorkerConfig(worker_id=f"bench-{tag}", backend_name="vllm",
+                          capacity=args.concurrency + args.lease_ahead,
+                          max_rollouts=args.rollouts,
+                          lease_wait_s=1.0, report_batch=32, flush_interval_s=0.05,
+                          log_interval_s=3600)
+    loop = WorkerLoop(worker, backend, config)
+    stop = asyncio.Event()
+
+    async def consume() -> None:
+        # A trainer busy training between pulls: it takes what is ready every 0.2 s (a long
+        # poll would have the scheduler re-check Redis every poll_interval_s meanwhile).
+        while not stop.is_set():
+            batch = await trainer.next_batch(wait_s=0)
+            if batch is not None:
+                await trainer.ack(batch.batch_id)
+                continue
+            await asyncio.sleep(0.2)
+
+    consumer = asyncio.ensure_future(consume())
+    sampler = InflightSampler(backend.engine)
+    started = time.perf_counter()
+    try:
+        counters = await loop.run()
+    finally:
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await asyncio.gather(consumer, return_exceptions=True)
+        for client in (admin, trainer, worker):
+            await client.aclose()
+    if counters.accepted != args.rollouts:
+        raise RuntimeError(f"service round: {counters.line()}")
+    calls = (f"{counters.leases} leases with rollouts, {counters.reported} results in "
+             f"reports of {config.report_batch}")
+    return Round("service", counters.accepted, counters.tokens, elapsed, calls=calls,
+                 inflight=sampler.stop())
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def build_model(work: Path, context: int) -> Path:
+    from sara_trainer.tiny import TinyConfig, build_tiny_policy
+
+    return build_tiny_policy(work / "tiny", TinyConfig(context=context))
+
+
+async def run(args, work: Path) -> tuple[list[Round], str]:
+    from sara_worker.backends.vllm import VLLMBackend
+
+    model = args.model or str(build_model(work, args.max_model_len))
+    backend = VLLMBackend(model, dtype=args.dtype, enforce_eager=args.eager,
+                          max_model_len=args.max_model_len, max_num_seqs=args.concurrency,
+                          seed=0)
+    kind = Scheduler if args.scheduler == "process" else InProcessScheduler
+    scheduler = kind(args, work).start()
+    rounds: list[Round] = []
+    try:
+        await backend.start()
+        warm = argparse.Namespace(**{**vars(args), "rollouts": args.group_size * 8})
+        await engine_round(backend, warm, "warm")  # first-request costs out of the way
+        meter = CpuMeter(scheduler.cpu_pid())
+        for i in range(args.rounds):
+            for path in ("engine", "service") if i % 2 == 0 else ("service", "engine"):
+                before = meter.sample()
+                if path == "engine":
+                    r = await engine_round(backend, args, f"e{i}-")
+                else:
+                    r = await service_round(backend, args, scheduler, f"s{i}-")
+                r.cores = CpuMeter.cores(before, meter.sample(), r.seconds)
+                rounds.append(r)
+                print(f"round {i + 1} {r.path:8s} {r.rate:9.1f} rollouts/s "
+                      f"{r.token_rate:10.0f} tokens/s ({r.seconds:.2f} s) engine holds "
+                      f"{r.inflight:.1f} {cores_text(r)} {r.calls}", flush=True)
+    finally:
+        await backend.close()
+        scheduler.stop()
+    return rounds, model
+
+
+def cores_text(r: Round) -> str:
+    if not r.cores:
+        return ""
+    return " ".join(f"{k} {v:.2f}" for k, v in r.cores.items())
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def report(args, rounds: list[Round], model: str, command: str) -> str:
+    import vllm
+
+    def med(path: str, attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in rounds if r.path == path)
+
+    engine, service = med("engine", "rate"), med("service", "rate")
+    pairs = [(rounds[i], rounds[i + 1]) for i in range(0, len(rounds) - 1, 2)]
+    pair_ratios = [(b.rate / a.rate) if a.path == "engine" else (a.rate / b.rate)
+                   for a, b in pairs]
+    ratio = statistics.median(pair_ratios)
+    lines = [
+        "SARA worker overhead (bench/worker_overhead.py)",
+        f"date:      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
+        f"command:   {command}",
+        f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, vllm {vllm.__version__}; load average before the "
+        f"report {load_average()} (the box is shared: other processes compete for the CPUs)",
+        f"setup:     model {model if args.model else 'tiny GPT-2 (sara_trainer.tiny, 0.6M params)'}"
+        f", dtype {args.dtype}, max_model_len {args.max_model_len}, enforce_eager {args.eager}; "
+        f"{args.rollouts} rollouts per round = {args.rollouts // args.group_size} prompts x "
+        f"k={args.group_size}, max_tokens {args.max_tokens}, temperature {args.temperature}, "
+        f"top_p {args.top_p}; the engine runs {args.concurrency} at once (max_num_seqs) in both "
+        f"paths: the engine path submits {args.concurrency} at a time, the worker holds "
+        f"capacity {args.concurrency + args.lease_ahead} ({args.lease_ahead} queued in the "
+        "engine while leases come back)",
+        ("           service: sara serve (uniform policy, embedded Redis) in its own process, "
+         "over HTTP" if args.scheduler == "process" else
+         "           service: the scheduler app (uniform policy) in this process over "
+         "httpx.ASGITransport, its Redis in another") +
+        "; WorkerLoop(vllm backend) + a trainer task pulling batches; all on this box",
+        "",
+        "  CPU cores used: worker = this process (the worker loop and the engine's front end), "
+        "engine = the engine's core and model processes, scheduler = sara serve and its Redis, "
+        "other = everything else on the machine; engine-waiting = seconds per second the "
+        "engine's threads were runnable but waiting for a CPU (Linux schedstat; > 0 means the "
+        "engine is CPU-starved and the round measures its CPU share, not the worker). "
+        "rollouts/engine-CPU-s = rollouts per CPU-second the engine's processes got.",
+        "",
+        f"  {'round':>5}  {'path':8}  {'rollouts/s':>10}  {'tokens/s':>9}  {'seconds':>7}  "
+        f"{'rollouts/engine-CPU-s':>21}  CPU cores used",
+    ]
+    for i, r in enumerate(rounds):
+        lines.append(f"  {i // 2 + 1:>5}  {r.path:8}  {r.rate:10.1f}  {r.token_rate:9.0f}  "
+                     f"{r.seconds:7.2f}  {r.per_engine_cpu:21.1f}  {cores_text(r)}")
+    lines += [
+        "",
+        f"  median engine  {engine:8.1f} rollouts/s  {med('engine', 'token_rate'):8.0f} tokens/s",
+        f"  median service {service:8.1f} rollouts/s  {med('service', 'token_rate'):8.0f} tokens/s",
+        f"  service / engine per round (back-to-back pairs, so the load from other processes "
+        f"is about the same): {', '.join(f'{r:.0%}' for r in pair_ratios)}",
+        f"  engine work per rollout: median rollouts per engine CPU-second, engine "
+        f"{med('engine', 'per_engine_cpu'):.1f}, service {med('service', 'per_engine_cpu'):.1f}",
+        f"  median of the pairs: service at {ratio:.1%} of the engine's own throughput "
+        f"(target >= 90%): {'met' if ratio >= 0.9 else 'NOT met'}; ratio of the medians "
+        f"{service / engine:.1%}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    command = "python bench/worker_overhead.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    with tempfile.TemporaryDirectory(prefix="sara-bench-") as tmp:
+        rounds, model = asyncio.run(run(args, Path(tmp)))
+    text = report(args, rounds, model, command.strip())
+    print("\n" + text)
+    if not args.no_write:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        if args.append and args.out.exists():
+            text = args.out.read_text() + "\n" + "=" * 100 + "\n\n" + text
+        args.out.write_text(text)
+        print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
