@@ -117,9 +117,14 @@ def _replay(messages: list[dict]) -> Any:
 
 
 async def _maintenance_loop(scheduler: Scheduler) -> None:
+    # upkeep must outlive any one failure: a dead loop would stop lease expiry and GC for good
     while True:
-        with contextlib.suppress(StoreUnavailable):
+        try:
             await scheduler.maintain()
+        except StoreUnavailable:
+            pass
+        except Exception:  # noqa: BLE001 - logged, and tried again next interval
+            log.exception("upkeep failed; retrying in %.0f s", MAINTENANCE_INTERVAL_S)
         await asyncio.sleep(MAINTENANCE_INTERVAL_S)
 
 

@@ -388,16 +388,89 @@ def worker(
     typer.echo(f"sara: worker {config.worker_id} stopped: {counters.line()}")
 
 
-@app.command(**_STUB)
-def train(ctx: typer.Context) -> None:
-    """Run the GRPO trainer against the scheduler. Issue 4."""
-    raise _not_yet("train", 4)
+@app.command()
+def train(
+    model: Annotated[str, typer.Option(help="Hugging Face causal LM directory to start from.")],
+    url: UrlOpt = DEFAULT_URL,
+    token: Annotated[Optional[str], typer.Option(
+        "--token", envvar=["SARA_TRAINER_TOKEN", "SARA_TOKEN"],
+        help="Trainer bearer token.")] = None,
+    checkpoint_dir: Annotated[Path, typer.Option(
+        help="Where checkpoints go (workers must read it); resumes from its latest.")] = Path(
+        "./sara-data/checkpoints"),
+    steps: Annotated[int, typer.Option(min=1, help="Total steps to reach (resume included).")] = 200,
+    estimator: Annotated[str, typer.Option(
+        help="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline.")] = "grpo",
+    lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")] = 1e-4,
+    kl_coef: Annotated[float, typer.Option(min=0.0, help="k3 KL to the starting policy.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="torch seed.")] = 0,
+    checkpoint_every: Annotated[int, typer.Option(
+        min=1, help="Steps between checkpoints (each one is a new policy version).")] = 1,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1 ...")] = "cpu",
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Pull effective batches, update the policy, checkpoint and publish each new version."""
+    import logging
+
+    from sara_trainer.config import TrainerConfig
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        config = TrainerConfig(model=model, checkpoint_dir=str(checkpoint_dir), max_steps=steps,
+                               advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
+                               checkpoint_every=checkpoint_every, device=device, threads=threads,
+                               service_url=url)
+    except ValueError as e:
+        raise _err(f"sara train: {e}", 2) from None
+    from sara_trainer.loop import train as run_training
+
+    typer.echo(f"sara: trainer {model} -> {url}, checkpoints in {checkpoint_dir}")
+    try:
+        trainer = run_training(config, url, token)
+    except KeyboardInterrupt:
+        raise _err("sara train: interrupted; the next run resumes from the last checkpoint",
+                   130) from None
+    except Exception as e:  # connection refused, auth, unloadable model: one line
+        raise _err(f"sara train failed: {e}", 1) from None
+    typer.echo(f"sara: trained to step {trainer.step}, policy v{trainer.version} "
+               f"({trainer.checkpoint})")
 
 
-@app.command(**_STUB)
-def demo(ctx: typer.Context) -> None:
-    """Scheduler, workers and trainer on one machine, end to end. Issue 4."""
-    raise _not_yet("demo", 4)
+@app.command()
+def demo(
+    sft_seconds: Annotated[Optional[float], typer.Option(
+        min=0.0, help="SFT warm-start budget, s (default 210; --quick 25).")] = None,
+    rl_steps: Annotated[Optional[int], typer.Option(
+        min=1, help="RL steps (default 50; --quick 3).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the model, data and sampling.")] = 0,
+    out: Annotated[Path, typer.Option(help="Where summary.json and chart.png go.")] = Path(
+        "./sara-demo"),
+    backend: Annotated[str, typer.Option(help="Worker backend: hf or vllm.")] = "hf",
+    quick: Annotated[bool, typer.Option(help="Tiny budgets (tests): about a minute.")] = False,
+    progress: Annotated[bool, typer.Option(help="Progress bars and the table.")] = True,
+) -> None:
+    """Scheduler, worker and trainer on this CPU: SFT, RL with SARA, accuracy before and after."""
+    if backend not in ("hf", "vllm"):
+        raise _err("--backend is hf or vllm", 2)
+    if backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise _err("--backend vllm: vllm is not installed here (try --backend hf)", 2)
+    from sara_trainer.demo import make_config, run_demo
+
+    config = make_config(sft_seconds, rl_steps, seed, str(out), backend, quick, progress)
+    try:
+        summary = run_demo(config)
+    except Exception as e:
+        raise _err(f"sara demo failed: {e}", 1) from None
+    acc = summary["accuracy"]
+    typer.echo(f"sara demo: held-out accuracy {100 * acc['before_rl']:.1f}% -> "
+               f"{100 * acc['after_rl']:.1f}% in {summary['wall_seconds']:.0f}s; "
+               f"{out / 'summary.json'}")
 
 
 @app.command(**_STUB)

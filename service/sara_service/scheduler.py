@@ -150,7 +150,7 @@ class Scheduler:
         s = self.settings
         lease_id = _new_id("l")
         deadline = self.clock() + req.wait_s
-        key_ttl = int(s.lease_ttl_s * 4 + s.retention_s)
+        key_ttl = self._lease_key_ttl()
         while True:
             now = self.clock()
             await self.store.expire_leases(now)
@@ -175,11 +175,16 @@ class Scheduler:
                              policy=await self.store.get_policy(), rollouts=rollouts,
                              cancel=cancel)
 
+    def _lease_key_ttl(self) -> int:
+        """Seconds a lease's keys live past their last lease or heartbeat."""
+        return int(self.settings.lease_ttl_s * 4 + self.settings.retention_s)
+
     async def heartbeat(self, lease_id: str, worker_id: str) -> HeartbeatResponse:
         """Extend a lease by lease_ttl_s from now."""
         now = self.clock()
         expires_at = now + self.settings.lease_ttl_s
-        cancel = await self.store.heartbeat(now, worker_id, lease_id, expires_at)
+        cancel = await self.store.heartbeat(now, worker_id, lease_id, expires_at,
+                                            self._lease_key_ttl())
         return HeartbeatResponse(lease_id=lease_id, expires_at=expires_at, cancel=cancel)
 
     async def report(self, req: ResultsRequest) -> ResultsResponse:

@@ -29,15 +29,21 @@ T = TypeVar("T")
 
 
 def _unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Turn connection-level Redis failures into StoreUnavailable (the API answers 503)."""
+    """Turn Redis being unreachable or read-only into StoreUnavailable (the API answers 503)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
             return await fn(*args, **kwargs)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.BusyLoadingError, OSError) as exc:
-            raise StoreUnavailable(f"Redis is unreachable: {exc}") from exc
+                redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError,
+                OSError) as exc:
+            raise StoreUnavailable(f"Redis is unavailable: {exc}") from exc
+        except redis.exceptions.ResponseError as exc:
+            # a script's write on a replica (failover in progress) fails with READONLY
+            if "READONLY" in str(exc):
+                raise StoreUnavailable(f"Redis is read-only (failover?): {exc}") from exc
+            raise
 
     return wrapper
 
@@ -188,12 +194,13 @@ class Store:
 
     @_unavailable_on_redis_error
     async def heartbeat(self, now: float, worker_id: str, lease_id: str,
-                        expires_at: float) -> list[str]:
+                        expires_at: float, key_ttl_s: int) -> list[str]:
         """Extend a lease; returns the worker's cancel list."""
         k = self.keys
         keys = [k.lease(lease_id), k.lease_rollouts(lease_id), k.inflight, k.slots, k.cancels,
                 k.workers]
-        out = await self._run("heartbeat", keys, [now, worker_id, lease_id, expires_at])
+        out = await self._run("heartbeat", keys, [now, worker_id, lease_id, expires_at,
+                                                  key_ttl_s])
         status = _s(out[0])
         if status == "unknown":
             raise NotFound("unknown_lease", f"no lease with id {lease_id!r} (it may have expired)")

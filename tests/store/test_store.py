@@ -145,13 +145,13 @@ async def test_expired_lease_is_issued_again_and_first_result_wins(store):
 async def test_heartbeat_extends_every_rollout_of_the_lease(store):
     await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
     await lease(store, "w1", 4, now=0.0, ttl=10.0)
-    assert await store.heartbeat(8.0, "w1", "L1", 18.0) == []
+    assert await store.heartbeat(8.0, "w1", "L1", 18.0, 100) == []
     assert await store.expire_leases(15.0) == 0
     assert await store.expire_leases(18.5) == 4
     with pytest.raises(NotFound):
-        await store.heartbeat(19.0, "w1", "nope", 29.0)
+        await store.heartbeat(19.0, "w1", "nope", 29.0, 100)
     with pytest.raises(Conflict):
-        await store.heartbeat(19.0, "w2", "L1", 29.0)
+        await store.heartbeat(19.0, "w2", "L1", 29.0, 100)
 
 
 async def _ready_group(store, gid, plan=DS8, outcomes=(1, 0, 1, 1, 0, 1, 0, 1), version=0):

@@ -2,6 +2,7 @@
 -- KEYS[1] = lease hash   KEYS[2] = lease rollouts set   KEYS[3] = inflight zset
 -- KEYS[4] = slots hash   KEYS[5] = cancels hash         KEYS[6] = workers zset
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = new expiry
+-- ARGV[5] = key ttl in seconds (the lease keys must outlive every extension)
 -- returns {'unknown'} (no such lease, or it holds no rollout any more: all answered or expired
 --         and issued again) | {'not_yours', owner} | {'ok', cancel ids (space separated)}
 local owner = redis.call('HGET', KEYS[1], 'worker')
@@ -19,6 +20,8 @@ for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
 end
 if still_held == 0 then return {'unknown'} end
 redis.call('HSET', KEYS[1], 'expires_at', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[1], ARGV[2])
 local cancel = redis.call('HGET', KEYS[5], ARGV[2]) or ''
 redis.call('HDEL', KEYS[5], ARGV[2])
