@@ -398,7 +398,7 @@ def train(
     checkpoint_dir: Annotated[Path, typer.Option(
         help="Where checkpoints go (workers must read it); resumes from its latest.")] = Path(
         "./sara-data/checkpoints"),
-    steps: Annotated[int, typer.Option(min=1, help="Total steps to reach (resume included).")] = 200,
+    steps: Annotated[int, typer.Option(min=1, help="Total steps to reach (resumes count).")] = 200,
     estimator: Annotated[str, typer.Option(
         help="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline.")] = "grpo",
     lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")] = 1e-4,

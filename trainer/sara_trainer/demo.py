@@ -1,0 +1,452 @@
+"""``sara demo``: scheduler, worker and trainer end to end on this CPU, nothing downloaded.
+
+1. build the tiny character-level GPT-2 (``sara_trainer.tiny``) and warm it up with SFT on the
+   ``arith`` task (``sft_seconds`` of teacher forcing);
+2. evaluate it greedily on held-out problems (**before**);
+3. start the scheduler in-process (``sara_client.alocal``: the real app and Lua scripts on an
+   embedded Redis, policy ``sara``), load the arith training prompts (``meta.reversed_answer``);
+4. run a worker (``WorkerLoop`` with the ``hf`` backend, or ``vllm`` when asked and importable) on
+   the same event loop, and the trainer (``sara_trainer.loop.Trainer``, GRPO) on a thread, for
+   ``rl_steps`` steps; each step checkpoints and publishes a policy version the worker reloads;
+5. evaluate again (**after**), print the summary table, write ``summary.json`` and ``chart.png``.
+
+The trainer's SDK calls go to the same in-process scheduler through a small sync-over-async
+adapter (:class:`_SyncClient`), so nothing listens on a port.
+
+``summary.json`` holds: ``seed``, ``backend``, ``quick``, ``wall_seconds``, ``sft`` (steps,
+seconds, final loss), ``accuracy`` (``init``, ``before_rl``, ``after_rl``, ``n``, by bucket),
+``rl`` (steps, policy version, batches acked, losses finite, worker policy loads, ...),
+``scheduler`` (rollouts and tokens spent, groups committed / abandoned / delivered / dropped,
+rollouts saved against Dynamic Sampling, useful fraction, rollouts per effective group), and
+``history`` (one entry per step) and ``evals`` (held-out accuracy every ``eval_every`` steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sara.demo")
+
+QUICK_BUCKETS = ("add1", "add2", "sub1")
+
+
+@dataclass
+class DemoConfig:
+    sft_seconds: float = 210.0
+    rl_steps: int = 50
+    seed: int = 0
+    out: str = "./sara-demo"
+    backend: str = "hf"
+    quick: bool = False
+    prompts: int = 5000                 # training prompts registered with the scheduler
+    eval_size: int = 2000               # held-out problems, greedy
+    eval_every: int = 10                # held-out evaluation every this many RL steps
+    group_size: int = 8                 # k
+    batch_groups: int = 64              # effective groups per trainer batch
+    lr: float = 3e-4
+    max_new_tokens: int = 8
+    threads: int | None = None          # torch threads for SFT/eval; None: 2, or 1 on a busy box
+    rl_threads: int = 1                 # per torch thread in RL (trainer and worker run at once)
+    time_budget_s: float = 540.0        # RL stops early so the whole demo ends within this
+    batch_timeout_s: float = 120.0      # give up when no batch comes for this long
+    progress: bool = True
+    buckets: tuple[str, ...] | None = None   # None: every arith bucket
+    start_from: str | None = None       # an SFT'd checkpoint to start RL from (skips SFT)
+    probe_per_bucket: int = 24          # prompts per bucket sampled k times to weight the pool
+    bucket_floor: float = 0.05          # every bucket keeps at least this weight
+
+    @classmethod
+    def quick_defaults(cls, **over: Any) -> DemoConfig:
+        """Tiny budgets for tests: easy buckets only, small batches, short SFT."""
+        base = dict(sft_seconds=25.0, rl_steps=3, prompts=300, eval_size=150, eval_every=1,
+                    batch_groups=8, lr=5e-4, buckets=QUICK_BUCKETS, batch_timeout_s=60.0,
+                    quick=True)
+        base.update({k: v for k, v in over.items() if v is not None})
+        return cls(**base)
+
+
+class _SyncClient:
+    """The trainer's sync SDK calls, run on the event loop that owns the async client."""
+
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._client, self._loop = client, loop
+
+    def __getattr__(self, name: str):
+        method = getattr(self._client, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            future = asyncio.run_coroutine_threadsafe(method(*args, **kwargs), self._loop)
+            return future.result()
+
+        return call
+
+
+class _Bars:
+    """Rich progress for the RL phase (or nothing)."""
+
+    def __init__(self, enabled: bool, steps: int) -> None:
+        self._progress = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]RL  "), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("v{task.fields[version]}"), TextColumn("reward {task.fields[reward]:.2f}"),
+            TextColumn("loss {task.fields[loss]:+.3f}"),
+            TextColumn("rollouts {task.fields[rollouts]}"),
+            TextColumn("held-out {task.fields[acc]}"), TimeElapsedColumn())
+        self._task = self._progress.add_task("rl", total=steps, version=0, reward=0.0, loss=0.0,
+                                             rollouts=0, acc="-")
+        self._progress.start()
+
+    def update(self, **fields: Any) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, **fields)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _say(cfg: DemoConfig, message: str) -> None:
+    if cfg.progress:
+        from rich.console import Console
+
+        Console().print(message, highlight=False)
+    log.info(message)
+
+
+def _accuracy(model, tokenizer, eval_set, max_new_tokens: int) -> dict[str, Any]:
+    from .policy import greedy_accuracy
+
+    was = model.training
+    try:
+        return greedy_accuracy(model, tokenizer, eval_set, max_new_tokens=max_new_tokens)
+    finally:
+        model.train(was)
+
+
+def prompt_pool(model, tokenizer, cfg: DemoConfig, buckets: list[str] | None
+                ) -> tuple[list[dict], dict[str, float]]:
+    """The RL training prompts, spread over the buckets by how often a group of k samples comes
+    out mixed on a small probe (a bucket-level predictor, measured on training problems; SARA still
+    decides every group). A policy that has learnt only some buckets then spends its rollouts
+    where groups can be effective, whatever SFT reached on this machine in its time budget.
+
+    Returns (prompts, {bucket: weight}); weights are the mixed fraction plus ``bucket_floor``.
+    """
+    import random
+
+    import torch
+
+    from .policy import group_outcomes
+    from .tasks.arith import BUCKET_NAMES, get_bucket, make_split, split_size
+
+    names = list(buckets or BUCKET_NAMES)
+    probe = [p for b in names
+             for p in make_split(min(cfg.probe_per_bucket, _capacity(b, split_size, get_bucket)),
+                                 seed=cfg.seed + 1, buckets=[b])]
+    spread = group_outcomes(model, tokenizer, probe, k=cfg.group_size, temperature=1.0,
+                            max_new_tokens=cfg.max_new_tokens,
+                            generator=torch.Generator().manual_seed(cfg.seed))
+    weights = {b: spread["by_bucket"].get(b, {}).get("mixed", 0.0) + cfg.bucket_floor
+               for b in names}
+    total = sum(weights.values())
+    prompts: list[dict] = []
+    for b in names:
+        n = max(1, round(cfg.prompts * weights[b] / total))
+        prompts.extend(make_split(min(n, _capacity(b, split_size, get_bucket)), seed=cfg.seed,
+                                  buckets=[b]))
+    random.Random(cfg.seed).shuffle(prompts)
+    return prompts, {b: weights[b] / total for b in names}
+
+
+def _capacity(bucket: str, split_size, get_bucket) -> int:
+    """Training problems a bucket holds (big buckets: more than any demo asks for)."""
+    if get_bucket(bucket).size() > 20_000:
+        return 1 << 30
+    return split_size(bucket, "train")
+
+
+def auto_threads() -> int:
+    """2 torch threads (this project's 2-core box), or 1 when the machine is already busy:
+    OpenMP threads on an oversubscribed CPU wait on each other (10x slower steps measured)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0] > cores - 0.5
+    except OSError:
+        busy = False
+    return 1 if busy or cores < 2 else 2
+
+
+def _quiet() -> None:
+    """No per-load tqdm bars from transformers between our own progress bars."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _make_backend(cfg: DemoConfig, model_dir: str):
+    from sara_worker.backends import create_backend
+
+    if cfg.backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError("--backend vllm: vllm is not importable here") from exc
+        return create_backend("vllm", model=model_dir, seed=cfg.seed, dtype="float32",
+                              enforce_eager=True, max_model_len=64)
+    if cfg.backend != "hf":
+        raise ValueError(f"backend is hf or vllm, not {cfg.backend!r}")
+    return create_backend("hf", model=model_dir, device="cpu", dtype="float32", seed=cfg.seed,
+                          max_batch=1024, batch_window_s=0.01, logprobs=True)
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """Run the whole demo; returns the summary (also written to ``out/summary.json``)."""
+    import torch
+
+    started = time.perf_counter()
+    deadline = started + cfg.time_budget_s
+    _quiet()
+    threads = cfg.threads or auto_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    work = out / "sara-demo-work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+
+    from .checkpoint import save_checkpoint
+    from .policy import load_policy
+    from .sft import SFTResult, sft
+    from .tasks.arith import make_eval_set
+    from .tiny import TinyConfig, build_tiny_policy
+
+    buckets = list(cfg.buckets) if cfg.buckets else None
+    build_tiny_policy(work / "init", TinyConfig(seed=cfg.seed))
+    model, tokenizer = load_policy(work / "init")
+    eval_set = make_eval_set(cfg.eval_size, seed=cfg.seed, buckets=buckets)
+    init_acc = _accuracy(model, tokenizer, eval_set, cfg.max_new_tokens)
+    _say(cfg, f"[bold]1/4 SFT warm start[/] ({cfg.sft_seconds:.0f}s, tiny GPT-2 "
+              f"{sum(p.numel() for p in model.parameters()):,} params)")
+    if cfg.start_from:
+        model, tokenizer = load_policy(cfg.start_from)
+        sft_result = SFTResult(steps=0, seconds=0.0, answer_tokens=0, total_tokens=0)
+    else:
+        sft_result = sft(model, tokenizer, max_seconds=cfg.sft_seconds, seed=cfg.seed,
+                         buckets=buckets, progress=cfg.progress)
+    sft_dir = save_checkpoint(work / "sft", model, tokenizer, step=0, policy_version=0,
+                              extra={"sft": sft_result.to_dict()})
+    _say(cfg, "[bold]2/4 held-out evaluation before RL[/]")
+    eval_seconds = time.perf_counter()
+    before = _accuracy(model, tokenizer, eval_set, cfg.max_new_tokens)
+    eval_seconds = time.perf_counter() - eval_seconds
+    _say(cfg, f"    greedy accuracy {100 * before['accuracy']:.1f}% on {before['n']} problems")
+    prompts, pool_weights = prompt_pool(model, tokenizer, cfg, buckets)
+    _say(cfg, "    RL prompt pool by bucket (mixed-group probe): " + ", ".join(
+        f"{b} {100 * w:.0f}%" for b, w in pool_weights.items()))
+    del model
+
+    _say(cfg, f"[bold]3/4 RL with SARA[/] ({cfg.rl_steps} steps, {cfg.batch_groups} groups x "
+              f"k={cfg.group_size}, backend {cfg.backend})")
+    torch.set_num_threads(cfg.rl_threads)
+    # leave time for the final evaluation, the chart and shutting down
+    rl_deadline = deadline - 2 * eval_seconds - 15
+    result = asyncio.run(_rl(cfg, work, str(sft_dir), prompts, eval_set, before, rl_deadline))
+    torch.set_num_threads(threads)
+    trainer, stats, worker_counters, history, evals = result
+
+    _say(cfg, "[bold]4/4 held-out evaluation after RL[/]")
+    after = _accuracy(trainer.model, tokenizer, eval_set, cfg.max_new_tokens)
+    if not evals or evals[-1]["step"] != trainer.step:
+        evals.append({"step": trainer.step, "accuracy": after["accuracy"]})
+    c, d = stats.counters, stats.derived
+    reports = trainer.reports
+    summary = {
+        "seed": cfg.seed, "backend": cfg.backend, "quick": cfg.quick,
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "wall_seconds": time.perf_counter() - started,
+        "prompt_pool": {"prompts": len(prompts), "bucket_weights": pool_weights},
+        "sft": {"steps": sft_result.steps, "seconds": sft_result.seconds,
+                "final_loss": sft_result.final_loss},
+        "accuracy": {"init": init_acc["accuracy"], "before_rl": before["accuracy"],
+                     "after_rl": after["accuracy"], "n": after["n"],
+                     "by_bucket_before": before["by_bucket"],
+                     "by_bucket_after": after["by_bucket"]},
+        "rl": {"steps": trainer.step, "policy_version": trainer.version,
+               "published_version": stats.policy.version,
+               "checkpoint": trainer.checkpoint,
+               "batches_acked": len(trainer.acked),
+               "every_batch_acked": [r.batch_id for r in reports] == trainer.acked,
+               "losses_finite": all(math.isfinite(r.loss) for r in reports),
+               "worker_policy_loads": worker_counters.policy_loads,
+               "worker_errors": worker_counters.errors,
+               "mean_reward_first": reports[0].mean_reward if reports else None,
+               "mean_reward_last": reports[-1].mean_reward if reports else None,
+               "seconds": sum(r.seconds for r in reports)},
+        "scheduler": {
+            "rollouts_spent": c.rollouts_completed, "tokens_spent": c.tokens_generated,
+            "rollouts_issued": c.rollouts_issued, "rollouts_cancelled": c.rollouts_cancelled,
+            "groups_opened": c.groups_opened, "groups_committed": c.groups_committed,
+            "groups_abandoned": c.groups_abandoned, "groups_delivered": c.groups_delivered,
+            "groups_dropped": c.groups_dropped_saturated + c.groups_dropped_stale,
+            "rollouts_saved_vs_ds": c.rollouts_saved_vs_ds,
+            "useful_fraction": d.useful_fraction,
+            "rollouts_per_effective_group": d.rollouts_per_effective_group,
+            "ds_rollouts_per_effective_group": d.ds_rollouts_per_effective_group,
+            "expected_false_abandons": c.expected_false_abandons},
+        "history": history, "evals": evals,
+    }
+    from .report import plot_chart, print_summary, write_json
+
+    summary["files"] = {"summary": str(out / "summary.json"), "chart": str(out / "chart.png")}
+    plot_chart(summary, out / "chart.png")
+    summary["wall_seconds"] = time.perf_counter() - started
+    write_json(summary, out / "summary.json")
+    if cfg.progress:
+        print_summary(summary)
+        _say(cfg, f"wrote {out / 'summary.json'} and {out / 'chart.png'}")
+    return summary
+
+
+async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], eval_set,
+              before: dict, deadline: float) -> tuple:
+    import sara_client
+    from sara_worker.loop import WorkerLoop
+    from sara_worker.support import WorkerConfig
+
+    from .config import TrainerConfig
+    from .loop import Trainer
+
+    settings = dict(redis_url=None, policy="sara", group_size=cfg.group_size,
+                    batch_size=cfg.batch_groups, prefetch_batches=1, max_staleness=1,
+                    temperature=1.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                    lease_ttl_s=120.0, batch_ack_timeout_s=600.0)
+    tcfg = TrainerConfig(
+        model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
+        threads=cfg.rl_threads, lr=cfg.lr, k=cfg.group_size, batch_groups=cfg.batch_groups,
+        micro_batch_rollouts=512, advantage_estimator="grpo", max_new_tokens=cfg.max_new_tokens,
+        temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
+        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds)
+    history: list[dict[str, Any]] = []
+    evals = [{"step": 0, "accuracy": before["accuracy"]}]
+    bars = _Bars(cfg.progress, cfg.rl_steps)
+    totals = {"rollouts": 0, "tokens": 0, "saved": 0}
+
+    def on_step(report) -> None:
+        st = report.batch_stats
+        totals["rollouts"] += st.get("rollouts_spent", 0)
+        totals["tokens"] += st.get("tokens_spent", 0)
+        totals["saved"] += st.get("rollouts_saved_vs_ds", 0)
+        entry = {"step": report.step, "policy_version": report.policy_version,
+                 "mean_reward": report.mean_reward, "loss": report.loss,
+                 "groups": report.groups, "rollouts": report.rollouts,
+                 "rollouts_spent": st.get("rollouts_spent", 0),
+                 "groups_abandoned": st.get("groups_abandoned", 0),
+                 "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"],
+                 "saved_vs_ds_cum": totals["saved"], "seconds": report.seconds,
+                 "ratio_mean": report.metrics.get("ratio_mean"),
+                 "clip_frac": report.metrics.get("clip_frac"),
+                 "staleness": report.policy_version - 1 - report.batch_policy_version}
+        if cfg.eval_every and report.step % cfg.eval_every == 0 and report.step < cfg.rl_steps:
+            value = _accuracy(trainer.model, trainer.tokenizer, eval_set,
+                              cfg.max_new_tokens)["accuracy"]
+            evals.append({"step": report.step, "accuracy": value})
+            entry["heldout_accuracy"] = value
+        acc = f"{100 * evals[-1]['accuracy']:.1f}%"
+        history.append(entry)
+        bars.update(completed=report.step, version=report.policy_version,
+                    reward=report.mean_reward, loss=report.loss, rollouts=totals["rollouts"],
+                    acc=acc)
+
+    loop = asyncio.get_running_loop()
+    backend = _make_backend(cfg, sft_dir)
+    async with sara_client.alocal(data_dir=work / "redis", **settings) as client:
+        for i in range(0, len(prompts), 1000):
+            await client.add_prompts(prompts[i:i + 1000])
+        worker = WorkerLoop(client, backend, WorkerConfig(
+            worker_id=f"demo-{cfg.backend}", backend_name=cfg.backend,
+            capacity=cfg.batch_groups * cfg.group_size * 2, lease_wait_s=2.0, report_batch=128,
+            flush_interval_s=0.02, lease_ttl_s=120.0, on_stop="abort", drain_timeout_s=10.0,
+            log_interval_s=3600.0))
+        # the trainer loads its model before the worker starts: transformers' from_pretrained
+        # patches globals (tie_weights, default dtype) and two loads at once corrupt each other
+        trainer = await asyncio.to_thread(Trainer, _SyncClient(client, loop), tcfg,
+                                          on_step=on_step)
+        worker_task = asyncio.ensure_future(worker.run())
+        stop = threading.Event()
+        timer = loop.call_later(max(0.0, deadline - time.perf_counter()), stop.set)
+        try:
+            await asyncio.to_thread(trainer.run, stop=stop, timeout_s=cfg.batch_timeout_s)
+        finally:
+            timer.cancel()
+            out_of_time = stop.is_set()
+            stop.set()
+            bars.close()
+            worker.stop(abort=True)
+            try:
+                counters = await asyncio.wait_for(worker_task, 30.0)
+            finally:
+                await backend.close()
+        stats = await client.stats()
+    if trainer.step < cfg.rl_steps and out_of_time:
+        log.warning("time budget reached: RL stopped after %d of %d steps", trainer.step,
+                    cfg.rl_steps)
+        _say(cfg, f"    time budget reached: RL stopped after {trainer.step} of {cfg.rl_steps} "
+                  "steps")
+    elif trainer.step < cfg.rl_steps:
+        raise RuntimeError(f"RL stopped at step {trainer.step} of {cfg.rl_steps}: no batch for "
+                           f"{cfg.batch_timeout_s:.0f}s (the policy may solve none or all of "
+                           "the prompts)")
+    return trainer, stats, counters, history, evals
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m sara_trainer.demo``: the same as ``sara demo``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sft-seconds", type=float, default=None)
+    p.add_argument("--rl-steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="./sara-demo")
+    p.add_argument("--backend", default="hf", choices=("hf", "vllm"))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--start-from", default=None, help="SFT'd checkpoint: skip SFT")
+    args = p.parse_args(argv)
+    cfg = make_config(args.sft_seconds, args.rl_steps, args.seed, args.out, args.backend,
+                      args.quick, not args.no_progress)
+    cfg.start_from = args.start_from
+    return run_demo(cfg)
+
+
+def make_config(sft_seconds: float | None, rl_steps: int | None, seed: int, out: str,
+                backend: str, quick: bool, progress: bool = True) -> DemoConfig:
+    over = {"sft_seconds": sft_seconds, "rl_steps": rl_steps, "seed": seed, "out": str(out),
+            "backend": backend, "progress": progress}
+    if quick:
+        return DemoConfig.quick_defaults(**over)
+    return DemoConfig(**{k: v for k, v in over.items() if v is not None})
+
+
+if __name__ == "__main__":
+    main()
