@@ -244,7 +244,18 @@ class Scheduler:
         already = await self.store.ack(self.clock(), batch_id, self.settings.retention_s)
         return AckResponse(batch_id=batch_id, acked=True, already_acked=already)
 
-    async def maintain(self) -> tuple[int, int]:
-        """Periodic upkeep: re-issue expired leases, delete finished groups past retention."""
+    async def maintain(self, gc_batch: int = 200, gc_rounds: int = 50) -> tuple[int, int]:
+        """Periodic upkeep: re-issue expired leases, delete finished groups past retention.
+
+        Collection runs in bounded rounds until nothing is overdue: one round per tick could not
+        keep up with a busy run's group turnover, and memory would grow without end.
+        """
         now = self.clock()
-        return await self.store.expire_leases(now), await self.store.collect_garbage(now)
+        expired = await self.store.expire_leases(now)
+        collected = 0
+        for _ in range(gc_rounds):
+            done = await self.store.collect_garbage(now, gc_batch)
+            collected += done
+            if done < gc_batch:
+                break
+        return expired, collected

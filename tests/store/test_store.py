@@ -275,3 +275,14 @@ async def test_an_aborted_rollout_teaches_nothing_and_its_holder_releases_it_at_
     assert (post_after["a"], post_after["b"]) == (post_before["a"], post_before["b"])
     c = await counters(store)
     assert c["rollouts_completed"] == 0 and c["tokens_generated"] == 10
+
+
+async def test_upkeep_collects_every_overdue_group_not_one_batch_per_tick(store):
+    from sara_service.scheduler import Scheduler
+    from sara_service.settings import Settings
+
+    await store.redis.zadd(store.keys.gc, {f"old{i}": 1.0 for i in range(25)})
+    scheduler = Scheduler(Settings(redis_url="redis://unused", namespace="test"), store,
+                          clock=lambda: 10.0)
+    assert await scheduler.maintain(gc_batch=10) == (0, 25)
+    assert await store.redis.zcard(store.keys.gc) == 0
