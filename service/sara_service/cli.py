@@ -444,7 +444,8 @@ def demo(
     sft_seconds: Annotated[Optional[float], typer.Option(
         min=0.0, help="SFT warm-start budget, s (default 210; --quick 25).")] = None,
     rl_steps: Annotated[Optional[int], typer.Option(
-        min=1, help="RL steps (default 50; --quick 3).")] = None,
+        min=1, help="RL steps, fewer if the time budget runs out (default 120; --quick 3)."
+    )] = None,
     seed: Annotated[int, typer.Option(help="Seed of the model, data and sampling.")] = 0,
     out: Annotated[Path, typer.Option(help="Where summary.json and chart.png go.")] = Path(
         "./sara-demo"),

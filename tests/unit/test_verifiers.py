@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sara_worker import verifiers
 from sara_worker.verifiers import UnknownVerifier, get, register, score
-from sara_worker.verifiers.arith import final_integer
+from sara_worker.verifiers.arith import arith, final_integer
 from sara_worker.verifiers.countdown import check, expression_of
 
 BUILTIN = ("exact", "arith", "countdown", "math", "sim")
@@ -99,16 +99,22 @@ def test_sim(completion, reward):
 # --- arith ---------------------------------------------------------------------------------------
 
 
+# The whole completion (up to <eos>) is the answer: the same rule as the trainer's task reward.
 @pytest.mark.parametrize("completion,answer,meta,reward", [
-    ("12+34=46", "46", {}, 1.0),
-    ("The answer is 46.", "46", {}, 1.0),
-    ("first 17, then finally 46", "46", {}, 1.0),
-    ("46 and then 17", "46", {}, 0.0),
-    ("x = -5", "-5", {}, 1.0),
+    ("46", "46", {}, 1.0),
+    (" 46 ", "46", {}, 1.0),
+    ("46<eos>junk", "46", {}, 1.0),
+    ("-5", "-5", {}, 1.0),
+    ("12+34=46", "46", {}, 0.0),
+    ("The answer is 46.", "46", {}, 0.0),
+    ("a46", "46", {}, 0.0),
     ("64", "46", {"reversed_answer": True}, 1.0),
-    ("12+34=64", "46", {"reversed_answer": True}, 1.0),
+    ("64<eos>", "46", {"reversed_answer": True}, 1.0),
     ("046", "640", {"reversed_answer": True}, 1.0),
     ("5-", "-5", {"reversed_answer": True}, 1.0),
+    ("-5", "-5", {"reversed_answer": True}, 0.0),
+    ("a5", "5", {"reversed_answer": True}, 0.0),
+    ("12+34=64", "46", {"reversed_answer": True}, 0.0),
     ("46", "46", {"reversed_answer": True}, 0.0),
     ("forty-six", "46", {}, 0.0),
     ("", "46", {}, 0.0),
@@ -120,10 +126,24 @@ def test_arith(completion, answer, meta, reward):
     assert score("arith", completion, answer, meta) == reward
 
 
-def test_final_integer_parses_robustly():
-    assert final_integer("a 1 b 22 c 333") == 333
+def test_final_integer_reads_the_whole_completion_only():
+    assert final_integer("333") == 333
+    assert final_integer("a 1 b 22 c 333") is None
     assert final_integer("123", reversed_digits=True) == 321
     assert final_integer("no digits") is None
+
+
+def test_arith_agrees_with_the_trainers_task_reward():
+    """Worker and trainer must score every completion alike: junk included."""
+    trainer_arith = pytest.importorskip("sara_trainer.tasks.arith")
+    for problem in trainer_arith.make_split(60, seed=3):
+        truth = problem["answer"]
+        candidates = [problem_completion for problem_completion in (
+            truth[::-1], truth[::-1] + "<eos>", "a" + truth[::-1], truth, truth[::-1] + " 7",
+            "", "0", "-" + truth[::-1], truth[::-1] + "-")]
+        for completion in candidates:
+            assert arith(completion, truth, problem["meta"]) == trainer_arith.reward(
+                completion, problem["prompt"]), (problem["prompt"], completion)
 
 
 # --- countdown -----------------------------------------------------------------------------------

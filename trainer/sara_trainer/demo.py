@@ -14,7 +14,7 @@ The trainer's SDK calls go to the same in-process scheduler through a small sync
 adapter (:class:`_SyncClient`), so nothing listens on a port.
 
 ``summary.json`` holds: ``seed``, ``backend``, ``quick``, ``wall_seconds``, ``sft`` (steps,
-seconds, final loss), ``accuracy`` (``init``, ``before_rl``, ``after_rl``, ``n``, by bucket),
+seconds, final loss), ``accuracy`` (``before_rl``, ``after_rl``, ``n``, by bucket),
 ``rl`` (steps, policy version, batches acked, losses finite, worker policy loads, ...),
 ``scheduler`` (rollouts and tokens spent, groups committed / abandoned / delivered / dropped,
 rollouts saved against Dynamic Sampling, useful fraction, rollouts per effective group), and
@@ -41,7 +41,7 @@ QUICK_BUCKETS = ("add1", "add2", "sub1")
 @dataclass
 class DemoConfig:
     sft_seconds: float = 210.0
-    rl_steps: int = 50
+    rl_steps: int = 120
     seed: int = 0
     out: str = "./sara-demo"
     backend: str = "hf"
@@ -52,16 +52,19 @@ class DemoConfig:
     group_size: int = 8                 # k
     batch_groups: int = 64              # effective groups per trainer batch
     lr: float = 3e-4
+    lr_warmup_steps: int = 10
     max_new_tokens: int = 8
     threads: int | None = None          # torch threads for SFT/eval; None: 2, or 1 on a busy box
     rl_threads: int = 1                 # per torch thread in RL (trainer and worker run at once)
-    time_budget_s: float = 540.0        # RL stops early so the whole demo ends within this
+    time_budget_s: float = 520.0        # RL stops early so the whole demo ends within this
     batch_timeout_s: float = 120.0      # give up when no batch comes for this long
     progress: bool = True
     buckets: tuple[str, ...] | None = None   # None: every arith bucket
     start_from: str | None = None       # an SFT'd checkpoint to start RL from (skips SFT)
+    prefetch_batches: int = 1           # the scheduler keeps this many batches in the making
+    max_staleness: int = 1              # policy versions a delivered group may lag
     probe_per_bucket: int = 24          # prompts per bucket sampled k times to weight the pool
-    bucket_floor: float = 0.05          # every bucket keeps at least this weight
+    bucket_floor: float = 0.01          # every bucket keeps at least this weight
 
     @classmethod
     def quick_defaults(cls, **over: Any) -> DemoConfig:
@@ -149,11 +152,11 @@ def prompt_pool(model, tokenizer, cfg: DemoConfig, buckets: list[str] | None
     import torch
 
     from .policy import group_outcomes
-    from .tasks.arith import BUCKET_NAMES, get_bucket, make_split, split_size
+    from .tasks.arith import BUCKET_NAMES, make_split
 
     names = list(buckets or BUCKET_NAMES)
     probe = [p for b in names
-             for p in make_split(min(cfg.probe_per_bucket, _capacity(b, split_size, get_bucket)),
+             for p in make_split(min(cfg.probe_per_bucket, _capacity(b)),
                                  seed=cfg.seed + 1, buckets=[b])]
     spread = group_outcomes(model, tokenizer, probe, k=cfg.group_size, temperature=1.0,
                             max_new_tokens=cfg.max_new_tokens,
@@ -164,14 +167,16 @@ def prompt_pool(model, tokenizer, cfg: DemoConfig, buckets: list[str] | None
     prompts: list[dict] = []
     for b in names:
         n = max(1, round(cfg.prompts * weights[b] / total))
-        prompts.extend(make_split(min(n, _capacity(b, split_size, get_bucket)), seed=cfg.seed,
+        prompts.extend(make_split(min(n, _capacity(b)), seed=cfg.seed,
                                   buckets=[b]))
     random.Random(cfg.seed).shuffle(prompts)
     return prompts, {b: weights[b] / total for b in names}
 
 
-def _capacity(bucket: str, split_size, get_bucket) -> int:
+def _capacity(bucket: str) -> int:
     """Training problems a bucket holds (big buckets: more than any demo asks for)."""
+    from .tasks.arith import get_bucket, split_size
+
     if get_bucket(bucket).size() > 20_000:
         return 1 << 30
     return split_size(bucket, "train")
@@ -210,6 +215,9 @@ def _make_backend(cfg: DemoConfig, model_dir: str):
             import vllm  # noqa: F401
         except ImportError as exc:
             raise RuntimeError("--backend vllm: vllm is not importable here") from exc
+        import os
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: the tiny model needs little
         return create_backend("vllm", model=model_dir, seed=cfg.seed, dtype="float32",
                               enforce_eager=True, max_model_len=64)
     if cfg.backend != "hf":
@@ -244,7 +252,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     build_tiny_policy(work / "init", TinyConfig(seed=cfg.seed))
     model, tokenizer = load_policy(work / "init")
     eval_set = make_eval_set(cfg.eval_size, seed=cfg.seed, buckets=buckets)
-    init_acc = _accuracy(model, tokenizer, eval_set, cfg.max_new_tokens)
     _say(cfg, f"[bold]1/4 SFT warm start[/] ({cfg.sft_seconds:.0f}s, tiny GPT-2 "
               f"{sum(p.numel() for p in model.parameters()):,} params)")
     if cfg.start_from:
@@ -287,7 +294,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "prompt_pool": {"prompts": len(prompts), "bucket_weights": pool_weights},
         "sft": {"steps": sft_result.steps, "seconds": sft_result.seconds,
                 "final_loss": sft_result.final_loss},
-        "accuracy": {"init": init_acc["accuracy"], "before_rl": before["accuracy"],
+        "accuracy": {"before_rl": before["accuracy"],
                      "after_rl": after["accuracy"], "n": after["n"],
                      "by_bucket_before": before["by_bucket"],
                      "by_bucket_after": after["by_bucket"]},
@@ -337,7 +344,8 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
     from .loop import Trainer
 
     settings = dict(redis_url=None, policy="sara", group_size=cfg.group_size,
-                    batch_size=cfg.batch_groups, prefetch_batches=1, max_staleness=1,
+                    batch_size=cfg.batch_groups, prefetch_batches=cfg.prefetch_batches,
+                    max_staleness=cfg.max_staleness,
                     temperature=1.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed,
                     lease_ttl_s=120.0, batch_ack_timeout_s=600.0)
     tcfg = TrainerConfig(
@@ -345,7 +353,8 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
         threads=cfg.rl_threads, lr=cfg.lr, k=cfg.group_size, batch_groups=cfg.batch_groups,
         micro_batch_rollouts=512, advantage_estimator="grpo", max_new_tokens=cfg.max_new_tokens,
         temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
-        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds)
+        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
+        extra={"lr_warmup_steps": cfg.lr_warmup_steps})
     history: list[dict[str, Any]] = []
     evals = [{"step": 0, "accuracy": before["accuracy"]}]
     bars = _Bars(cfg.progress, cfg.rl_steps)
@@ -365,7 +374,8 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
                  "saved_vs_ds_cum": totals["saved"], "seconds": report.seconds,
                  "ratio_mean": report.metrics.get("ratio_mean"),
                  "clip_frac": report.metrics.get("clip_frac"),
-                 "staleness": report.policy_version - 1 - report.batch_policy_version}
+                 "staleness_mean": report.metrics.get("staleness_mean"),
+                 "staleness_max": report.metrics.get("staleness_max")}
         if cfg.eval_every and report.step % cfg.eval_every == 0 and report.step < cfg.rl_steps:
             value = _accuracy(trainer.model, trainer.tokenizer, eval_set,
                               cfg.max_new_tokens)["accuracy"]

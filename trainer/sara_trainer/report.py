@@ -105,14 +105,18 @@ def plot_chart(summary: dict[str, Any], path: str | Path) -> Path:
     evals = summary["evals"]
     steps = [h["step"] for h in history]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    top.plot([e["step"] for e in evals], [100 * e["accuracy"] for e in evals], "o-",
-             color="tab:blue", label="held-out greedy accuracy")
-    top.plot(steps, [100 * h["mean_reward"] for h in history], "-", color="tab:orange",
-             alpha=0.6, label="batch mean reward (sampled)")
-    top.set_ylabel("%")
+    acc_line = top.plot([e["step"] for e in evals], [100 * e["accuracy"] for e in evals], "o-",
+                        color="tab:blue", label="held-out greedy accuracy (left)")
+    top.set_ylabel("held-out accuracy, %")
     top.set_title("SARA demo: accuracy and rollouts over RL steps")
     top.grid(alpha=0.3)
-    top.legend(loc="lower right")
+    right = top.twinx()  # sampled reward on effective groups lives on another scale
+    reward_line = right.plot(steps, [100 * h["mean_reward"] for h in history], "-",
+                             color="tab:orange", alpha=0.6,
+                             label="batch mean reward, sampled (right)")
+    right.set_ylabel("batch mean reward, %")
+    lines = acc_line + reward_line
+    top.legend(lines, [line.get_label() for line in lines], loc="upper left", fontsize="small")
     bottom.plot(steps, [h["rollouts_cum"] for h in history], "-", color="tab:green",
                 label="rollouts spent (cumulative)")
     bottom.plot(steps, [h["saved_vs_ds_cum"] for h in history], "--", color="tab:red",

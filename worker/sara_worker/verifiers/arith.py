@@ -1,8 +1,11 @@
-"""``arith``: the CPU demo's synthetic arithmetic. The completion's final integer is the answer.
+"""``arith``: the CPU demo's synthetic arithmetic. The whole completion is the answer.
 
 With ``meta["reversed_answer"]`` true the model writes the answer's digits in reverse (least
-significant first, which tiny models learn more easily): ``"12+34="`` answered ``"64"`` is right.
-A minus sign may stand on either side of the digits. Anything unparsable scores 0.
+significant first, which tiny models learn more easily): ``"12+34="`` answered ``"64"`` is right,
+and a negative result carries its minus sign after the digits (``"21-"`` is -12). The text up to a
+first ``<eos>``, spaces around it ignored, must be exactly that integer: the same rule as the
+trainer's ``sara_trainer.tasks.arith.reward``, so worker and trainer never disagree on a reward.
+Anything else (extra text, two numbers, a misplaced sign) scores 0.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 import re
 
 from . import register
-from ._text import tail
 
-_INT = re.compile(r"(-?)(\d+)(-?)")
+_EOS = "<eos>"
+_PLAIN = re.compile(r"(-?)(\d+)")
+_REVERSED = re.compile(r"(\d+)(-?)")
 _MAX_DIGITS = 4000  # int() refuses longer strings by default
 
 
@@ -26,14 +30,16 @@ def _gold(answer: str | None) -> int | None:
 
 
 def final_integer(completion: str, reversed_digits: bool = False) -> int | None:
-    """The last integer written in ``completion`` (digits reversed first if asked); or None."""
-    found = _INT.findall(tail(completion))
-    if not found:
+    """The integer ``completion`` consists of (digits reversed first if asked); or None."""
+    text = completion.split(_EOS, 1)[0].strip()
+    if reversed_digits:
+        match = _REVERSED.fullmatch(text)
+        digits, negative = (match.group(1), match.group(2) == "-") if match else ("", False)
+    else:
+        match = _PLAIN.fullmatch(text)
+        digits, negative = (match.group(2), match.group(1) == "-") if match else ("", False)
+    if not match or len(digits) > _MAX_DIGITS:
         return None
-    lead, digits, trail = found[-1]
-    if len(digits) > _MAX_DIGITS:
-        return None
-    negative = lead == "-" or (reversed_digits and trail == "-")
     value = int(digits[::-1] if reversed_digits else digits)
     return -value if negative else value
 
