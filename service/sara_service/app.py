@@ -116,16 +116,26 @@ def _replay(messages: list[dict]) -> Any:
     return receive
 
 
-async def _maintenance_loop(scheduler: Scheduler) -> None:
+async def _maintenance_loop(scheduler: Scheduler, stop: asyncio.Event) -> None:
     # upkeep must outlive any one failure: a dead loop would stop lease expiry and GC for good
-    while True:
+    while not stop.is_set():
         try:
             await scheduler.maintain()
         except StoreUnavailable:
             pass
         except Exception:  # noqa: BLE001 - logged, and tried again next interval
             log.exception("upkeep failed; retrying in %.0f s", MAINTENANCE_INTERVAL_S)
-        await asyncio.sleep(MAINTENANCE_INTERVAL_S)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), MAINTENANCE_INTERVAL_S)
+
+
+async def _stop_task(task: asyncio.Task, stop: asyncio.Event) -> None:
+    """Stop the upkeep loop. redis-py can swallow a cancel that lands mid-command, so one
+    cancel is not enough: the stop event ends it between rounds, and cancels repeat until done."""
+    stop.set()
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
 
 
 def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
@@ -143,13 +153,12 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not settings.auth_enabled:
             log.warning("no role tokens configured: the API is open to anyone who can reach it")
-        task = asyncio.create_task(_maintenance_loop(scheduler))
+        stop = asyncio.Event()
+        task = asyncio.create_task(_maintenance_loop(scheduler, stop))
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _stop_task(task, stop)
             await redis.aclose()
 
     app = FastAPI(title="SARA rollout-allocation service", version="0.1.0", lifespan=lifespan,

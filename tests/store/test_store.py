@@ -286,3 +286,12 @@ async def test_upkeep_collects_every_overdue_group_not_one_batch_per_tick(store)
                           clock=lambda: 10.0)
     assert await scheduler.maintain(gc_batch=10) == (0, 25)
     assert await store.redis.zcard(store.keys.gc) == 0
+
+
+async def test_flow_control_counts_every_uniform_group_as_one_delivery(store):
+    # uniform delivers saturated groups too: weighting them by p_eff over-opened groups that
+    # then went stale waiting for a batch
+    opened = await store.open_groups(0.0, 2, [(f"u{i}", "p", UNI8) for i in range(5)], "complete")
+    assert opened == 2
+    await report(store, "w", [(f"u0:{i}", 1) for i in range(3)])
+    assert await store.redis.zscore(store.keys.open_groups, "u0") == 1.0

@@ -157,7 +157,8 @@ local function decide_open(gkey, gid, g)
     return 'abandon'
   end
   redis.call('HSET', gkey, 'p_eff', p)
-  redis.call('ZADD', OPEN, p, gid)
+  -- flow control counts expected deliveries: every group is one when saturated ones are kept
+  redis.call('ZADD', OPEN, g.deliver_sat and 1 or p, gid)
   issue(gkey, gid, g.issued, math.min(thr, g.k))
   return 'continue'
 end

@@ -23,10 +23,11 @@ local opened = 0
 for i, g in ipairs(specs) do
   if expected >= target then break end
   local gkey = KEYS[8 + i]
-  local p0 = g.pf[1]
+  -- a plan that delivers saturated groups (uniform) yields a group for every group opened
+  local p0 = (g.deliver_sat == 1) and 1 or g.pf[1]
   redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
     's', 0, 'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s,
-    'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', p0, 'created_at', now)
+    'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', g.pf[1], 'created_at', now)
   -- p_eff tables, one field per prefix length: pf:n (n failures), ps:n (n successes)
   for n, p in ipairs(g.pf) do redis.call('HSET', gkey, 'pf:' .. (n - 1), p) end
   for n, p in ipairs(g.ps) do redis.call('HSET', gkey, 'ps:' .. (n - 1), p) end

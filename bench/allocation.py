@@ -1,0 +1,1240 @@
+#!/usr/bin/env python
+"""Allocation efficiency of SARA and its baselines, measured through the real scheduler.
+
+Every figure comes from the service itself: `sara_client.alocal()` runs the same FastAPI app and
+Lua scripts as `sara serve`, on an embedded redis-server, in this process. The benchmark plays
+the two other roles:
+
+- a **worker fleet** with unlimited capacity and zero latency. A *sync round* is one pass of
+  lease everything there is (`POST /leases` until one comes back empty; each call lets flow
+  control open groups) -> generate every leased rollout with the sim backend's own outcome model
+  (`SimBackend.outcome`: reward ~ Bernoulli(γ), failures longer) -> report them all
+  (`POST /results`). A rollout's outcome is keyed by (seed, prompt, how many rollouts that prompt
+  has had), so the same scheduling decisions give the same outcomes on any engine.
+- a **trainer** that, after each round, takes every batch that is ready (`POST /batches/next`),
+  acks it and publishes a new policy version, so posterior decay and DPS steps happen as they
+  would in training.
+
+Methods (all through the one engine, set by scheduler settings): uniform, Dynamic Sampling (DS),
+SARA at τ_low 0.3 / 0.45 / 0.5 with the paper's uniform prior, SARA with history priors, DPS and
+MoPPS (selection over DS), and SARA + DPS. Pools: `standard` and `drifting` (see
+`bench/_pools.py`), each at k = 8 and 16.
+
+Each measured figure is printed beside what it should be:
+
+- **exact**: methods with a fixed prior and epoch selection (uniform, DS, SARA uniform prior)
+  have closed-form expectations over the pool (`_pools.expectation`): rollouts per effective
+  group, useful fraction, tokens, false-abandon rate. The benchmark checks the service against
+  them.
+- **model**: a pure-Python reference scheduler (`ModelService`, written from DESIGN.md, no Redis)
+  run through the very same driver, `--model-reps` times on independent seeds. It gives the
+  expectation for methods without a closed form (history priors, DPS, MoPPS) and the sync rounds
+  per batch of every method. One more run uses the service run's seeds: for epoch-selection
+  methods it then makes the same decisions in the same order as the Lua scripts, so its figures
+  match the service's to the last digit unless the two disagree somewhere (marked `=`).
+
+Figures are measured over a steady-state window, from the first delivered batch to the last, so
+the work in flight at start and end cancels out. A *false abandon* is an abandoned group whose
+full k would have been mixed; its probability is exact given the prompt's true γ
+(1 - (1-γ)^(k-n) after n failures, 1 - γ^(k-n) after n successes), and the rate is its mean over
+abandoned groups, shown beside the τ_low bound.
+
+Usage:
+    python bench/allocation.py                    # all pools, k and methods (~7 min, 2 cores)
+    python bench/allocation.py --quick            # CI: standard pool, k=16, small (< 60 s)
+    python bench/allocation.py --pool standard --k 16 --methods ds,sara-0.5 --groups 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import math
+import multiprocessing
+import os
+import platform
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _pools import (  # noqa: E402  (bench/ is not a package)
+    DEFAULT_DRIFT, EPOCHS_PER_RUN, POOLS, Lengths, Pool, expectation, make_pool, p_eff_pure,
+    thresholds,
+)
+from sara_client.models import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE, Rollout, SamplingParams  # noqa: E402
+from sara_service.allocation import plan_group  # noqa: E402  (flow-control weights only)
+from sara_service.scheduler import shuffled  # noqa: E402  (the epoch order, to mirror it)
+from sara_service.selection import DpsParams, dps_mixed_probability, mopps_score, top_by_score  # noqa: E402
+from sara_worker.backends.sim import SimBackend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+WORKER = "bench-worker"
+MAX_TOKENS = 256
+
+
+# ------------------------------------------------------------------------------------ methods
+
+
+@dataclass(frozen=True)
+class Method:
+    """One allocation method: scheduler settings; `exact` when a closed form exists."""
+
+    key: str
+    label: str
+    policy: str
+    selection: str = "epoch"
+    prior: str = "uniform"
+    tau: float = 0.5
+
+    @property
+    def exact(self) -> bool:
+        return self.selection == "epoch" and self.prior == "uniform"
+
+    @property
+    def abandons(self) -> bool:
+        return self.policy == "sara"
+
+
+METHODS = {m.key: m for m in (
+    Method("uniform", "uniform", "uniform"),
+    Method("ds", "DS", "dynamic_sampling"),
+    Method("sara-0.3", "SARA τ=0.3", "sara", tau=0.3),
+    Method("sara-0.45", "SARA τ=0.45", "sara", tau=0.45),
+    Method("sara-0.5", "SARA τ=0.5", "sara", tau=0.5),
+    Method("sara-history", "SARA+history", "sara", prior="history", tau=0.5),
+    Method("dps", "DPS (DS)", "dynamic_sampling", selection="dps"),
+    Method("mopps", "MoPPS (DS)", "dynamic_sampling", selection="mopps"),
+    Method("sara-dps", "SARA+DPS", "sara", selection="dps", tau=0.5),
+)}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmark configuration (one pool, one k); see the CLI flags."""
+
+    pool: str = "standard"
+    k: int = 16
+    groups: int = 2048            # effective groups to collect per method
+    prompts: int = 1024
+    seed: int = 0
+    batch_size: int = 32
+    prefetch_batches: int = 2
+    max_staleness: int = 1
+    posterior_decay: float = 0.99
+    dps_decay: float = 0.5
+    selection_pool: int = 8
+    tau_skip: float = 0.1
+    drift: float = DEFAULT_DRIFT
+    model_reps: int = 3
+
+    @property
+    def versions_per_epoch(self) -> float:
+        """The drifting pool's epoch: a quarter of the trainer steps a run takes."""
+        return max(1.0, self.groups / self.batch_size / EPOCHS_PER_RUN)
+
+    def make_pool(self) -> Pool:
+        return make_pool(self.pool, self.prompts, self.seed, self.drift, self.versions_per_epoch)
+
+    def settings(self, method: Method, seed: int | None = None) -> dict[str, Any]:
+        """Scheduler settings (`sara_service.settings.Settings` fields) for `method`."""
+        return dict(policy=method.policy, selection=method.selection, prior=method.prior,
+                    tau_low=method.tau, tau_skip=self.tau_skip, group_size=self.k,
+                    batch_size=self.batch_size, prefetch_batches=self.prefetch_batches,
+                    max_staleness=self.max_staleness, posterior_decay=self.posterior_decay,
+                    dps_decay=self.dps_decay, selection_pool=self.selection_pool,
+                    seed=self.seed if seed is None else seed, max_tokens=MAX_TOKENS,
+                    # nothing may expire while a slow machine works through a round
+                    lease_ttl_s=3600.0, batch_ack_timeout_s=3600.0, retention_s=7200.0)
+
+
+# --------------------------------------------------------------------------------- accounting
+
+
+@dataclass
+class Tally:
+    """What one run did, as the worker and the trainer saw it."""
+
+    k: int
+    rounds: int = 0
+    rollouts: int = 0
+    tokens: int = 0
+    batches: list[dict] = field(default_factory=list)
+    abandons: list[tuple[int, float, int, bool]] = field(default_factory=list)
+    abandon_hist: dict[int, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    effective: int = 0
+    # group id -> [epoch, rollouts generated, delivered and mixed, finished]
+    groups: dict[str, list] = field(default_factory=dict)
+    counters: dict[str, Any] = field(default_factory=dict)   # the service's own, at the end
+    seconds: float = 0.0
+    shutdown_recancels: int = 0  # see _unstick_shutdown
+
+    def false_probability(self, gamma: float, n: int, failing: bool) -> float:
+        rest = self.k - n
+        return 1.0 - ((1.0 - gamma) ** rest if failing else gamma ** rest)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures over the steady-state window (first delivered batch to the last)."""
+        if len(self.batches) < 2:
+            raise RuntimeError("fewer than two batches: nothing to measure (raise --groups)")
+        first, last = self.batches[0], self.batches[-1]
+        window = self.batches[1:]
+        rollouts = last["cum_rollouts"] - first["cum_rollouts"]
+        tokens = last["cum_tokens"] - first["cum_tokens"]
+        effective = sum(b["effective"] for b in window)
+        delivered_rollouts = sum(b["delivered_rollouts"] for b in window)
+        in_window = [a for a in self.abandons if first["round"] < a[0] <= last["round"]]
+        false = [self.false_probability(g, n, f) for _, g, n, f in in_window]
+        lag = sum(b["lag"] for b in window) / max(1, sum(b["groups"] for b in window))
+        out = {
+            "rollouts_per_effective": rollouts / effective,
+            "tokens_per_effective": tokens / effective,
+            "useful_fraction": delivered_rollouts / rollouts,
+            "false_abandon_rate": sum(false) / len(false) if false else None,
+            "abandoned": len(in_window),
+            "rounds_per_batch": (last["round"] - first["round"]) / len(window),
+            "effective": effective,
+            "batches": len(window),
+            "rollouts": rollouts,
+            "versions": [b["version"] for b in window],
+            "lag": lag,
+            "seconds": self.seconds,
+            "shutdown_recancels": self.shutdown_recancels,
+            "violations": self.violations[:5],
+            "n_violations": len(self.violations),
+            "abandon_hist": {str(n): c for n, c in sorted(self.abandon_hist.items())},
+        }
+        out["by_epoch"] = self.by_epoch()
+        return out
+
+    def by_epoch(self) -> list[dict[str, Any]]:
+        """Rollouts per effective group of the groups opened in each epoch of the pool (each
+        prompt popped once per epoch; epoch-selection methods). A group is placed by the middle
+        of the prompt count consumed during the round that opened it; groups still unfinished at
+        the end are left out, and the run's last epoch is marked partial."""
+        rollouts: dict[int, int] = {}
+        effective: dict[int, int] = {}
+        for epoch, n, eff, finished in self.groups.values():
+            if not finished and not eff:
+                continue
+            rollouts[epoch] = rollouts.get(epoch, 0) + n
+            effective[epoch] = effective.get(epoch, 0) + eff
+        last = max(rollouts, default=0)
+        return [{"epoch": e + 1, "rollouts": rollouts[e], "effective": effective[e],
+                 "rollouts_per_effective": rollouts[e] / effective[e] if effective[e] else None,
+                 "partial": e == last}
+                for e in sorted(rollouts)]
+
+
+# --------------------------------------------------------------------- the API the driver uses
+
+
+@dataclass
+class Leased:
+    rollout_id: str
+    group_id: str
+    prompt_id: str
+
+
+@dataclass
+class DeliveredGroup:
+    group_id: str
+    prompt_id: str
+    rewards: list[float]
+
+
+@dataclass
+class DeliveredBatch:
+    batch_id: str
+    policy_version: int
+    groups: list[DeliveredGroup]
+
+
+class Api(Protocol):
+    async def lease(self, max_rollouts: int) -> tuple[list[Leased], int]: ...
+    async def report(self, results: list[dict]) -> list[tuple[str, str]]: ...
+    async def next_batch(self) -> DeliveredBatch | None: ...
+    async def ack(self, batch_id: str) -> None: ...
+    async def publish(self, version: int) -> None: ...
+    async def counters(self) -> dict[str, Any]: ...
+
+
+class ServiceApi:
+    """The real scheduler, through the async SDK (`sara_client.alocal`)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def lease(self, max_rollouts: int) -> tuple[list[Leased], int]:
+        answer = await self.client.lease(WORKER, max_rollouts=max_rollouts, wait_s=0.0,
+                                         backend="sim")
+        return ([Leased(r.rollout_id, r.group_id, r.prompt_id) for r in answer.rollouts],
+                answer.policy.version)
+
+    async def report(self, results: list[dict]) -> list[tuple[str, str]]:
+        answer = await self.client.report(WORKER, results)
+        return [(d.group_id, d.decision) for d in answer.decisions]
+
+    async def next_batch(self) -> DeliveredBatch | None:
+        batch = await self.client.next_batch(wait_s=0.0)
+        if batch is None:
+            return None
+        return DeliveredBatch(batch.batch_id, batch.policy_version, [
+            DeliveredGroup(g.group_id, g.prompt_id, [r.reward for r in g.rollouts])
+            for g in batch.groups])
+
+    async def ack(self, batch_id: str) -> None:
+        await self.client.ack(batch_id)
+
+    async def publish(self, version: int) -> None:
+        await self.client.publish_policy(version)
+
+    async def counters(self) -> dict[str, Any]:
+        stats = await self.client.stats()
+        out = stats.counters.model_dump()
+        out["abandon_histogram"] = dict(stats.abandon_histogram)
+        out["derived"] = stats.derived.model_dump()
+        return out
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBackend,
+                progress: Callable[[int], None] | None = None) -> Tally:
+    """Sync rounds of lease-all -> generate -> report-all, then the trainer, until
+    `cfg.groups` effective groups have been delivered. See the module docstring."""
+    tally = Tally(cfg.k)
+    drawn: dict[str, int] = {}                  # rollouts generated per prompt so far
+    outcomes: dict[str, list[bool]] = {}        # per group, in the order reported
+    group_gamma: dict[str, float] = {}
+    group_minv: dict[str, int] = {}
+    abandoned: set[str] = set()
+    template = Rollout(rollout_id="x", group_id="x", prompt_id="x", prompt="x", task="sim",
+                       sampling=SamplingParams(max_tokens=MAX_TOKENS))
+    version, idle, consumed = 0, 0, 0
+    while tally.effective < cfg.groups:
+        leased: list[Leased] = []
+        while True:
+            got, version = await api.lease(MAX_ROLLOUTS_PER_LEASE)
+            if not got:
+                break
+            leased += got
+        tally.rounds += 1
+        idle = 0 if leased else idle + 1
+        if idle > 50:
+            raise RuntimeError(f"{method.key}: 50 rounds without a rollout to generate")
+        results = []
+        tokens = 0
+        new_groups: list[str] = []
+        for r in leased:
+            n = drawn.get(r.prompt_id, 0)
+            drawn[r.prompt_id] = n + 1
+            gamma = pool.gamma(r.prompt_id, version)
+            o = sim.outcome(template.model_copy(update={
+                "rollout_id": f"{r.prompt_id}#{n}", "meta": {"p_success": gamma}}))
+            seen = outcomes.setdefault(r.group_id, [])
+            seen.append(bool(o.success))
+            if len(seen) == 1:
+                new_groups.append(r.group_id)
+            group_gamma[r.group_id] = gamma
+            group_minv.setdefault(r.group_id, version)
+            tokens += o.tokens
+            results.append({"rollout_id": r.rollout_id, "reward": 1.0 if o.success else 0.0,
+                            "completion": "", "completion_tokens": o.tokens,
+                            "finish_reason": o.finish_reason, "policy_version": version})
+        tally.rollouts += len(results)
+        tally.tokens += tokens
+        for i in range(0, len(results), MAX_RESULTS_PER_CALL):
+            for gid, decision in await api.report(results[i:i + MAX_RESULTS_PER_CALL]):
+                if decision != "abandon" or gid in abandoned:
+                    continue
+                abandoned.add(gid)
+                seen = outcomes[gid]
+                if any(seen) and not all(seen):
+                    tally.violations.append(f"group {gid} abandoned after a mixed prefix {seen}")
+                tally.abandons.append((tally.rounds, group_gamma[gid], len(seen), not seen[0]))
+                tally.abandon_hist[len(seen)] = tally.abandon_hist.get(len(seen), 0) + 1
+        counters = await api.counters()
+        before, consumed = consumed, counters["groups_opened"] + counters["groups_skipped"]
+        epoch = int((before + consumed) / 2) // len(pool.ids)
+        for gid in new_groups:
+            tally.groups[gid] = [epoch, 0, False, False]
+        while True:
+            batch = await api.next_batch()
+            if batch is None:
+                break
+            effective = delivered = lag = 0
+            for g in batch.groups:
+                wins = sum(1 for x in g.rewards if x >= 0.5)
+                mixed = 0 < wins < len(g.rewards)
+                effective += mixed
+                delivered += len(g.rewards)
+                lag += batch.policy_version - group_minv.get(g.group_id, batch.policy_version)
+                if method.policy != "uniform" and (not mixed or len(g.rewards) != cfg.k):
+                    tally.violations.append(
+                        f"delivered group {g.group_id}: {len(g.rewards)} rollouts, {wins} wins")
+                record = tally.groups.get(g.group_id)
+                if record is not None:
+                    record[2] = mixed
+            tally.effective += effective
+            tally.batches.append({
+                "round": tally.rounds, "version": batch.policy_version, "effective": effective,
+                "groups": len(batch.groups), "delivered_rollouts": delivered, "lag": lag,
+                "cum_rollouts": tally.rollouts, "cum_tokens": tally.tokens})
+            await api.ack(batch.batch_id)
+            await api.publish(batch.policy_version + 1)
+        if progress is not None:
+            progress(tally.effective)
+    for gid, record in tally.groups.items():
+        record[1] = len(outcomes[gid])
+        record[3] = gid in abandoned or record[1] >= cfg.k
+    tally.counters = await api.counters()
+    return tally
+
+
+# ----------------------------------------------------------------------- the reference model
+
+
+@dataclass
+class _Group:
+    gid: str
+    pid: str
+    thr_f: int
+    thr_s: int
+    pf: list[float]
+    ps: list[float]
+    issued: int = 0
+    done: int = 0
+    s: int = 0
+    f: int = 0
+    state: str = "open"
+    p_eff: float = 0.0
+    min_v: int | None = None
+    results: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    thr_f: int
+    thr_s: int
+    issue: int
+    pf: list[float]
+    ps: list[float]
+
+    @property
+    def skip(self) -> bool:
+        return self.thr_f == 0 and self.thr_s == 0
+
+
+class ModelService:
+    """A pure-Python scheduler written from DESIGN.md: the same API as `ServiceApi`, no Redis.
+
+    It follows the design's rules for plans, issuing, decisions, posteriors, flow control,
+    selection, batches and staleness, and the service's documented orderings (decided groups'
+    rollouts go to the front of the queue, each lease opens at most `flow target` prompts, an
+    epoch is a seeded shuffle of the sorted ids). DPS and MoPPS scores come from
+    `sara_service.selection`, the pure predictor functions (their own unit tests check them);
+    everything else, thresholds included, is computed here.
+    """
+
+    def __init__(self, method: Method, cfg: Config, pool: Pool, seed: int) -> None:
+        self.m, self.cfg, self.pool = method, cfg, pool
+        self.k = cfg.k
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.pick_rng = random.Random(seed + 7919)      # stands in for Redis' HRANDFIELD
+        self.target = cfg.prefetch_batches * cfg.batch_size
+        self.version = 0
+        self.post = {pid: [1.0, 1.0, 0] for pid in pool.ids}     # a, b, v
+        self.obs: dict[str, list[tuple[int, str]]] = {pid: [] for pid in pool.ids}
+        self.queue: deque[str] = deque()
+        self.epoch = 0
+        self.pending: deque[tuple[str, int]] = deque()
+        self.groups: dict[str, _Group] = {}
+        self.open: dict[str, float] = {}                          # gid -> p_eff (flow control)
+        self.ready: deque[str] = deque()
+        self.c = {"groups_opened": 0, "groups_skipped": 0, "groups_abandoned": 0,
+                  "groups_committed": 0, "rollouts_completed": 0, "groups_delivered": 0,
+                  "groups_dropped_stale": 0, "groups_dropped_saturated": 0}
+        self.prior_plan = self._plan(1.0, 1.0)
+        self._n = 0
+
+    # --- plans and posteriors
+
+    def _plan(self, a: float, b: float) -> _Plan:
+        k = self.k
+        if self.m.policy == "sara":
+            t_f, t_s = thresholds(k, a, b, self.m.tau)
+        else:
+            t_f = t_s = k + 1
+        # The p_eff values only weigh open groups in flow control. The service's own tables are
+        # used for them so that sums of equal terms round alike and the model opens a group
+        # exactly when the service does; the thresholds, which decide, are this module's own.
+        reference = plan_group(self.m.policy, k, a, b, self.m.tau)
+        if (reference.after_failures, reference.after_successes) != (t_f, t_s):
+            if not _tie(k, a, b, self.m.tau):
+                raise AssertionError(f"thresholds differ from sara_service.allocation for "
+                                     f"k={k} a={a} b={b}: {(t_f, t_s)} vs {reference}")
+            # p_eff is exactly τ on a prefix and the service's rounding put it below τ: follow
+            # the service (this model mirrors it), and count the disagreement
+            t_f, t_s = reference.after_failures, reference.after_successes
+            self.c["tie_plans"] = self.c.get("tie_plans", 0) + 1
+        return _Plan(t_f, t_s, min(t_f, t_s, k), list(reference.p_eff_fail),
+                     list(reference.p_eff_success))
+
+    def _posterior_now(self, pid: str) -> tuple[float, float]:
+        a, b, v = self.post[pid]
+        w = self.cfg.posterior_decay ** max(0, self.version - v)
+        return 1.0 + w * (a - 1.0), 1.0 + w * (b - 1.0)
+
+    def _learn(self, pid: str, success: bool) -> None:
+        a, b, v = self.post[pid]
+        if self.version > v:
+            w = self.cfg.posterior_decay ** (self.version - v)
+            a, b = 1.0 + w * (a - 1.0), 1.0 + w * (b - 1.0)
+        self.post[pid] = [a + success, b + (not success), max(v, self.version)]
+
+    def _weight(self, p_eff: float) -> float:
+        """An open group's weight in flow control: uniform delivers every group it opens."""
+        return 1.0 if self.m.policy == "uniform" else p_eff
+
+    def _observe(self, pid: str, outcome: str) -> None:
+        obs = self.obs[pid]
+        obs.append((self.version, outcome))
+        if len(obs) > 16:
+            del obs[0]
+
+    # --- selection and opening
+
+    def _pop_epoch(self, count: int) -> list[str]:
+        got = [self.queue.popleft() for _ in range(min(count, len(self.queue)))]
+        if len(got) < count:
+            self.queue.extend(shuffled(sorted(self.pool.ids), self.seed * 1_000_003 + self.epoch))
+            self.epoch += 1
+            got += [self.queue.popleft() for _ in range(min(count - len(got), len(self.queue)))]
+        return got
+
+    def _select(self, count: int) -> list[str]:
+        if self.m.selection == "epoch":
+            return self._pop_epoch(count)
+        ids = self.pool.ids
+        pool = self.pick_rng.sample(ids, min(len(ids), count * self.cfg.selection_pool))
+        if self.m.selection == "dps":
+            params = DpsParams(decay=self.cfg.dps_decay, prior=1.0)
+            scores = [dps_mixed_probability(self.obs[p], self.version, params) for p in pool]
+        else:
+            scores = [mopps_score(*self._posterior_now(p), self.rng, 0.5) for p in pool]
+        return top_by_score(pool, scores, count, self.rng)
+
+    def _open(self, wanted: int) -> int:
+        count = min(self.target, math.ceil(wanted / max(1, self.prior_plan.issue)))
+        pids = self._select(count)
+        chosen = []
+        for pid in pids:
+            plan = self.prior_plan if self.m.prior == "uniform" else self._plan(
+                *self._posterior_now(pid))
+            if plan.skip:
+                self.c["groups_skipped"] += 1
+            else:
+                chosen.append((pid, plan))
+        # summed as the Lua script sums: queue length, then scores in ascending order
+        expected = float(len(self.ready))
+        for score in sorted(self.open.values()):
+            expected += score
+        opened = 0
+        for pid, plan in chosen:
+            if expected >= self.target:
+                break
+            self._n += 1
+            g = _Group(f"g{self._n}", pid, plan.thr_f, plan.thr_s, plan.pf, plan.ps,
+                       issued=plan.issue, p_eff=plan.pf[0])
+            self.groups[g.gid] = g
+            self.open[g.gid] = self._weight(g.p_eff)
+            self.pending.extend((g.gid, slot) for slot in range(plan.issue))
+            self.c["groups_opened"] += 1
+            expected += self._weight(g.p_eff)
+            opened += 1
+        if self.m.selection == "epoch":
+            self.queue.extendleft(reversed([pid for pid, _ in chosen[opened:]]))
+        return opened
+
+    # --- the API
+
+    async def lease(self, max_rollouts: int) -> tuple[list[Leased], int]:
+        out: list[Leased] = []
+
+        def take(n: int) -> None:
+            while self.pending and len(out) < n:
+                gid, slot = self.pending.popleft()
+                if self.groups[gid].state == "abandoned":
+                    continue  # cancelled slot
+                out.append(Leased(f"{gid}:{slot}", gid, self.groups[gid].pid))
+
+        take(max_rollouts)
+        if len(out) < max_rollouts and self._open(max_rollouts - len(out)):
+            take(max_rollouts)
+        return out, self.version
+
+    def _issue(self, g: _Group, to: int) -> None:
+        if to > g.issued:
+            self.pending.extendleft((g.gid, s) for s in range(to - 1, g.issued - 1, -1))
+            g.issued = to
+
+    async def report(self, results: list[dict]) -> list[tuple[str, str]]:
+        decided: dict[str, str] = {}
+        for r in results:
+            gid = r["rollout_id"].rpartition(":")[0]
+            g = self.groups[gid]
+            success = r["reward"] >= 0.5
+            self._learn(g.pid, success)
+            if g.state == "abandoned":  # a late result: the posterior learns, nothing else
+                decided[gid] = "abandon"
+                continue
+            self.c["rollouts_completed"] += 1
+            g.results.append(r["reward"])
+            g.min_v = r["policy_version"] if g.min_v is None else min(g.min_v, r["policy_version"])
+            g.done += 1
+            g.s += success
+            g.f += not success
+            decision = None
+            if g.state == "open":
+                decision = self._decide(g)
+            # as the service answers: the verdict after the group's last result in this call
+            decided[gid] = decision or ("abandon" if g.state == "abandoned" else "commit")
+            self._maybe_complete(g)
+        return list(decided.items())
+
+    def _decide(self, g: _Group) -> str:
+        if g.s and g.f:
+            g.state, g.p_eff = "committed", 1.0
+            self.open[g.gid] = 1.0
+            self.c["groups_committed"] += 1
+            self._observe(g.pid, "M")
+            self._issue(g, self.k)
+            return "commit"
+        failing = g.s == 0
+        n, thr = (g.f, g.thr_f) if failing else (g.s, g.thr_s)
+        table = g.pf if failing else g.ps
+        p = table[min(n, thr, self.k)]
+        if n >= thr:
+            g.state, g.p_eff = "abandoned", p
+            self.open.pop(g.gid, None)
+            self.c["groups_abandoned"] += 1
+            self._observe(g.pid, "F" if failing else "S")
+            return "abandon"
+        g.p_eff = p
+        self.open[g.gid] = self._weight(p)
+        self._issue(g, min(thr, self.k))
+        return "continue"
+
+    def _maybe_complete(self, g: _Group) -> None:
+        if g.state == "committed" and g.done >= self.k:
+            g.state = "ready"
+            self.open.pop(g.gid, None)
+            self.ready.append(g.gid)
+        elif g.state == "open" and g.done >= self.k:
+            self._observe(g.pid, "F" if g.s == 0 else "S")
+            self.open.pop(g.gid, None)
+            if self.m.policy == "uniform":
+                g.state = "ready"
+                self.ready.append(g.gid)
+            else:
+                g.state = "dropped"
+                self.c["groups_dropped_saturated"] += 1
+
+    async def next_batch(self) -> DeliveredBatch | None:
+        picked: list[str] = []
+        while len(picked) < self.cfg.batch_size and self.ready:
+            gid = self.ready.popleft()
+            g = self.groups[gid]
+            if g.min_v is not None and self.version - g.min_v > self.cfg.max_staleness:
+                g.state = "dropped"
+                self.c["groups_dropped_stale"] += 1
+            else:
+                picked.append(gid)
+        if len(picked) < self.cfg.batch_size:
+            self.ready.extendleft(reversed(picked))
+            return None
+        self.c["groups_delivered"] += len(picked)
+        groups = [DeliveredGroup(gid, self.groups[gid].pid, self.groups[gid].results)
+                  for gid in picked]
+        for gid in picked:  # done with them: keep the model's memory flat
+            del self.groups[gid]
+        return DeliveredBatch(f"b{self.version}", self.version, groups)
+
+    async def ack(self, batch_id: str) -> None:
+        pass
+
+    async def publish(self, version: int) -> None:
+        assert version > self.version
+        self.version = version
+
+    async def counters(self) -> dict[str, Any]:
+        return dict(self.c)
+
+
+def _tie(k: int, a: float, b: float, tau: float) -> bool:
+    """True when p_eff is exactly τ (to 1e-9) somewhere on a pure prefix."""
+    return any(abs(p_eff_pure(a, b, k, n, side) - tau) < 1e-9
+               for n in range(k + 1) for side in (True, False))
+
+
+# ------------------------------------------------------------------------------- one job
+
+
+@dataclass(frozen=True)
+class Job:
+    cfg: Config
+    method: str
+    engine: str        # "service" or "model"
+    rep: int = 0
+
+    @property
+    def name(self) -> str:
+        suffix = "" if self.engine == "service" else f" model#{self.rep}"
+        return f"{self.cfg.pool} k={self.cfg.k} {METHODS[self.method].label}{suffix}"
+
+
+async def _unstick_shutdown(tally: Tally, every_s: float = 2.0) -> None:
+    """Work around a shutdown hang in the service (reported, not fixed here): the app's
+    lifespan stops its maintenance task with one `cancel()` and then waits for it, but on
+    Python 3.11 a cancel that lands inside a redis-py command can be swallowed
+    (`asyncio.wait_for` inside redis-py returns the command's result instead of raising), and
+    the loop then runs forever. While the app shuts down, cancel that task again now and then."""
+    while True:
+        await asyncio.sleep(every_s)
+        for task in asyncio.all_tasks():
+            if task.get_coro().__name__ == "_maintenance_loop" and not task.done():
+                task.cancel()
+                tally.shutdown_recancels += 1
+
+
+async def _run_service(job: Job, pool: Pool, sim: SimBackend,
+                       progress: Callable[[int], None] | None) -> Tally:
+    import sara_client
+
+    method = METHODS[job.method]
+    unstick = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="sara-bench-") as tmp:
+            async with sara_client.alocal(data_dir=tmp, **job.cfg.settings(method)) as client:
+                for i in range(0, len(pool.prompts), 5000):
+                    await client.add_prompts(pool.prompts[i:i + 5000])
+                tally = await drive(ServiceApi(client), method, job.cfg, pool, sim, progress)
+                unstick = asyncio.ensure_future(_unstick_shutdown(tally))
+        return tally
+    finally:
+        if unstick is not None:
+            unstick.cancel()
+
+
+def run_job(job: Job, queue: Any = None, index: int = 0) -> dict[str, Any]:
+    """Run one job to completion; returns its summary. Progress goes to `queue` if given."""
+    logging.getLogger("sara").setLevel(logging.ERROR)
+    cfg = job.cfg
+    pool = cfg.make_pool()
+    seed = cfg.seed + 1000 * job.rep
+    sim = SimBackend(seed=seed)
+    last = [0.0]
+
+    def progress(done: int) -> None:
+        now = time.monotonic()
+        if queue is not None and (now - last[0] > 0.2 or done >= cfg.groups):
+            last[0] = now
+            queue.put((index, min(done, cfg.groups)))
+
+    started = time.perf_counter()
+    method = METHODS[job.method]
+    if job.engine == "service":
+        tally = asyncio.run(_run_service(job, pool, sim, progress))
+    else:
+        model = ModelService(method, cfg, pool, seed)
+        tally = asyncio.run(drive(model, method, cfg, pool, sim, progress))
+    tally.seconds = time.perf_counter() - started
+    if queue is not None:
+        queue.put((index, cfg.groups))
+    out = tally.summary()
+    out["shutdown_recancels"] = tally.shutdown_recancels
+    out["counters"] = tally.counters
+    return out
+
+
+# --------------------------------------------------------------------------- expectations
+
+
+def exact_expectation(cfg: Config, method: Method, versions: list[float] | None = None
+                      ) -> dict[str, Any] | None:
+    """Closed-form figures for a fixed-prior, epoch-selection method on cfg's pool; None for
+    the others. For the drifting pool, averaged over the policy versions the run generated at."""
+    if not method.exact:
+        return None
+    pool = cfg.make_pool()
+    lengths = Lengths.of_sim(max_tokens=MAX_TOKENS)
+    if pool.drifting:
+        snapshots = [pool.gammas(v) for v in (versions or [0.0])]
+    else:
+        snapshots = [pool.gammas()]
+    e = expectation(snapshots, cfg.k, method.policy, method.tau, lengths=lengths)
+    return {"rollouts_per_effective": e.rollouts_per_effective,
+            "useful_fraction": e.useful_fraction,
+            "tokens_per_effective": e.tokens_per_effective,
+            "false_abandon_rate": e.false_abandon_rate}
+
+
+FIGURES = ("rollouts_per_effective", "useful_fraction", "tokens_per_effective",
+           "false_abandon_rate", "rounds_per_batch")
+
+
+def _mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def combine(cfg: Config, method_key: str, service: dict, models: list[dict]) -> dict[str, Any]:
+    """One result row: measured, exact (where it exists), model, and the expectation to show.
+
+    models[0] ran on the service run's seeds (the mirror); the model's expectation is the mean
+    of the independent runs models[1:] (of the mirror alone when there are none)."""
+    method = METHODS[method_key]
+    # generation versions of the measured window (a batch's groups were generated `lag` earlier)
+    versions = [v - service["lag"] for v in service["versions"]]
+    exact = exact_expectation(cfg, method, versions)
+    mirror, independent = (models[0], models[1:] or models[:1]) if models else (None, [])
+    model: dict[str, Any] = {f: _mean([m[f] for m in independent]) for f in FIGURES}
+    if independent:
+        n_epochs = max(len(m["by_epoch"]) for m in independent)
+        model["by_epoch"] = []
+        for i in range(n_epochs):  # pooled over the runs: a ratio of sums
+            eps = [m["by_epoch"][i] for m in independent if i < len(m["by_epoch"])]
+            rollouts, effective = sum(e["rollouts"] for e in eps), sum(e["effective"] for e in eps)
+            model["by_epoch"].append({"rollouts": rollouts, "effective": effective,
+                                      "rollouts_per_effective": rollouts / effective
+                                      if effective else None})
+        model["runs"] = [{f: m[f] for f in FIGURES} for m in independent]
+    if mirror is not None:
+        model["mirror"] = {f: mirror[f] for f in FIGURES}
+        model["same_as_service"] = all(mirror[f] == service[f] for f in
+                                       ("rollouts", "effective", "rounds_per_batch", "batches"))
+    expected = dict(model)
+    source = "model"
+    if exact is not None:
+        expected.update(exact)
+        source = "exact"
+    return {"pool": cfg.pool, "k": cfg.k, "method": method_key, "label": method.label,
+            "tau": method.tau if method.abandons else None, "settings": cfg.settings(method),
+            "measured": service, "exact": exact, "model": model, "expected": expected,
+            "expected_source": source, "model_reps": len(independent)}
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _jobs(cfgs: list[Config], methods: list[str]) -> list[Job]:
+    jobs = []
+    for cfg in cfgs:
+        for key in methods:
+            jobs.append(Job(cfg, key, "service"))
+            # rep 0 mirrors the service run's seeds; reps 1.. are independent (the expectation)
+            jobs += [Job(cfg, key, "model", rep) for rep in range(cfg.model_reps + 1)]
+    # longest first (service runs of the costliest methods), so the pool's tail is short
+    cost = {"uniform": 37, "ds": 37, "sara-0.3": 31, "sara-0.45": 29, "sara-0.5": 28,
+            "sara-history": 24, "dps": 20, "mopps": 24, "sara-dps": 20}
+    return sorted(jobs, key=lambda j: -(cost.get(j.method, 30) * j.cfg.k * j.cfg.groups
+                                        * (1 if j.engine == "service" else 0.1)))
+
+
+def run_all(cfgs: list[Config], methods: list[str], jobs_n: int = 1,
+            show_progress: bool = True) -> list[dict[str, Any]]:
+    """Run every job (service + model reps) for every config; returns the result rows."""
+    jobs = _jobs(cfgs, methods)
+    results: dict[Job, dict] = {}
+    progress_ctx = _progress(jobs) if show_progress else contextlib.nullcontext(None)
+    with progress_ctx as bars:
+        if jobs_n <= 1:
+            for i, job in enumerate(jobs):
+                q = _InlineQueue(bars)
+                results[job] = run_job(job, q, i)
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Manager() as manager:
+                queue = manager.Queue()
+                with ProcessPoolExecutor(jobs_n, mp_context=ctx) as ex:
+                    futures = {ex.submit(run_job, job, queue, i): job for i, job in enumerate(jobs)}
+                    pending = set(futures)
+                    while pending:
+                        while not queue.empty():
+                            index, done = queue.get()
+                            if bars is not None:
+                                bars.update(index, done)
+                        for f in [f for f in pending if f.done()]:
+                            pending.discard(f)
+                            results[futures[f]] = f.result()
+                        time.sleep(0.1)
+    rows = []
+    for cfg in cfgs:
+        for key in methods:
+            service = results[Job(cfg, key, "service")]
+            models = [results[Job(cfg, key, "model", r)] for r in range(cfg.model_reps + 1)]
+            rows.append(combine(cfg, key, service, models))
+    return rows
+
+
+class _InlineQueue:
+    def __init__(self, bars: Any) -> None:
+        self.bars = bars
+
+    def put(self, item: tuple[int, int]) -> None:
+        if self.bars is not None:
+            self.bars.update(*item)
+
+
+class _Bars:
+    def __init__(self, progress: Any, tasks: list[Any]) -> None:
+        self.progress, self.tasks = progress, tasks
+
+    def update(self, index: int, done: int) -> None:
+        self.progress.update(self.tasks[index], completed=done)
+
+
+@contextlib.contextmanager
+def _progress(jobs: list[Job]):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    columns = (TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, transient=False, refresh_per_second=4) as progress:
+        tasks = [progress.add_task(job.name, total=job.cfg.groups) for job in jobs]
+        yield _Bars(progress, tasks)
+
+
+# --------------------------------------------------------------------------------- output
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "   -  "
+    return f"{100 * (a / b - 1):+5.1f}%"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_table(rows: list[dict[str, Any]], cfgs: list[Config]) -> str:
+    lines = []
+    for cfg in cfgs:
+        block = [r for r in rows if r["pool"] == cfg.pool and r["k"] == cfg.k]
+        if not block:
+            continue
+        ds = next((r for r in block if r["method"] == "ds"), None)
+        drift = (f", drift +{cfg.drift:g}/epoch of {cfg.versions_per_epoch:g} versions"
+                 if cfg.pool == "drifting" else "")
+        lines.append(f"{cfg.pool} pool{drift}, k={cfg.k}: {cfg.prompts} prompts, "
+                     f"{cfg.groups} effective groups per method, batch {cfg.batch_size}, "
+                     f"prefetch {cfg.prefetch_batches}")
+        lines.append(f"  meas = the service; exact = closed form over the pool; model = mean of "
+                     f"{cfg.model_reps} independent runs of the reference scheduler; '=' = the "
+                     "model on the service run's seeds made exactly the same decisions; Δ and "
+                     "exp = against exact where it exists, else the model (~)")
+        head = (f"  {'method':<14} {'rollouts per effective group':^32}  {'vs DS':^15} "
+                f"{'useful fraction':^15} {'tokens/eff.group':^17} {'false-abandon rate':^22} "
+                f"{'rounds/batch':^13} {'stale':>5}")
+        sub = (f"  {'':<14} {'meas':>7} {'exact':>7} {'model':>7} {'Δ':>7}   "
+               f"{'meas':>7} {'exp':>7} "
+               f"{'meas':>7} {'exp':>7} {'meas':>8} {'exp':>8} {'meas':>7} {'exp':>7} {'τ':>6} "
+               f"{'meas':>6} {'model':>6} {'drops':>5}")
+        lines += [head, sub, "  " + "-" * (len(sub) - 2)]
+        for r in block:
+            m, e, mo = r["measured"], r["expected"], r["model"]
+            mark = "" if r["expected_source"] == "exact" else "~"
+            same = "=" if mo.get("same_as_service") else " "
+            ref_m = ds["measured"]["rollouts_per_effective"] if ds else None
+            ref_e = ds["expected"]["rollouts_per_effective"] if ds else None
+            exp_r = e.get("rollouts_per_effective")
+            exact_r = (r["exact"] or {}).get("rollouts_per_effective")
+            fa = m["false_abandon_rate"]
+            exp_fa = mark + _num(e.get("false_abandon_rate"), ".4f")
+            lines.append(
+                f"  {r['label']:<14} {m['rollouts_per_effective']:7.2f} {_num(exact_r, '.2f'):>7} "
+                f"{_num(mo.get('rollouts_per_effective'), '.2f'):>7}{same}"
+                f"{_pct(m['rollouts_per_effective'], exp_r):>7}   "
+                f"{_pct(m['rollouts_per_effective'], ref_m):>7} {_pct(exp_r, ref_e):>7} "
+                f"{m['useful_fraction']:7.3f} {mark + _num(e.get('useful_fraction'), '.3f'):>7} "
+                f"{m['tokens_per_effective']:8.0f} "
+                f"{mark + _num(e.get('tokens_per_effective'), '.0f'):>8} "
+                f"{_num(fa, '.4f'):>7} "
+                f"{exp_fa if fa is not None else '-':>7} "
+                f"{_num(r['tau'], '.2f') if r['tau'] is not None else '-':>6} "
+                f"{m['rounds_per_batch']:6.2f} {_num(mo.get('rounds_per_batch'), '.2f'):>6} "
+                f"{m['counters'].get('groups_dropped_stale', 0):>5}")
+        hist = next((r for r in block if r["method"] == "sara-history"), None)
+        if hist and ds:
+            epochs = hist["measured"]["by_epoch"]
+            model_epochs = hist["model"].get("by_epoch") or []
+            ref = ds["measured"]["rollouts_per_effective"]
+            parts = []
+            for i, ep in enumerate(epochs):
+                if ep["rollouts_per_effective"] is None or ep["effective"] < 2 * cfg.batch_size:
+                    continue  # a sliver of an epoch at the end of the run says nothing
+                model_ep = model_epochs[i] if i < len(model_epochs) else {}
+                parts.append(f"e{ep['epoch']}{' (partial)' if ep['partial'] else ''} "
+                             f"{ep['rollouts_per_effective']:.1f} "
+                             f"({_pct(ep['rollouts_per_effective'], ref).strip()}; "
+                             f"model {_num(model_ep.get('rollouts_per_effective'), '.1f')})")
+            later = [ep for ep in epochs[1:] if ep["effective"]]
+            if later:
+                r_later = sum(ep["rollouts"] for ep in later) / sum(ep["effective"] for ep in later)
+                parts.append(f"after epoch 1: {r_later:.1f} ({_pct(r_later, ref).strip()} vs DS)")
+            lines.append("  SARA+history by epoch of the pool (rollouts/eff.group, vs DS): "
+                         + "; ".join(parts))
+        if ds:
+            ceiling = cfg.k / ds["expected"]["rollouts_per_effective"] - 1
+            lines.append(f"  ceiling for any method that fills groups to k (every group mixed, "
+                         f"k = {cfg.k} rollouts per effective group): {100 * ceiling:+.1f}% vs DS")
+        checks = []
+        for r in block:
+            m, c = r["measured"], r["measured"]["counters"]
+            svc = c.get("derived", {}).get("rollouts_per_effective_group")
+            issues = []
+            if m["n_violations"]:
+                issues.append(f"{m['n_violations']} violations: {m['violations'][:2]}")
+            hist_svc = {str(a): b for a, b in (c.get("abandon_histogram") or {}).items()}
+            if METHODS[r["method"]].abandons and hist_svc and hist_svc != {
+                    str(a): b for a, b in _total_hist(m).items()}:
+                issues.append(f"abandon histogram differs: service {hist_svc} vs worker "
+                              f"{m['abandon_hist']}")
+            if m.get("shutdown_recancels"):
+                issues.append("the app's shutdown hung until its maintenance task was cancelled "
+                              f"again ({m['shutdown_recancels']}x)")
+            if c.get("results_late"):
+                issues.append(f"{c['results_late']} late results (wasted rollouts)")
+            d = c.get("derived", {})
+            fa = ""
+            if METHODS[r["method"]].abandons:
+                estimate = _num(d.get("estimated_false_abandon_rate"), ".4f")
+                bound = _num(d.get("expected_false_abandon_rate"), ".3f")
+                fa = (f"false abandons: service's estimate {estimate}, mean p_eff at "
+                      f"abandonment {bound}; ")
+            skipped = f"{c['groups_skipped']} prompts skipped; " if c.get("groups_skipped") else ""
+            if METHODS[r["method"]].abandons and ds is not None:
+                fa += (f"its DS estimate {_num(d.get('ds_rollouts_per_effective_group'), '.1f')} "
+                       f"(DS measured {ds['measured']['rollouts_per_effective']:.1f}); ")
+            checks.append(f"    {r['label']:<14} service's own rollouts/eff.group "
+                          f"{_num(svc, '.2f')} (whole run); {fa}{skipped}{m['seconds']:.0f}s; "
+                          + ("; ".join(issues) if issues else "no anomalies"))
+        lines.append("  checks:")
+        lines += checks
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _total_hist(measured: dict) -> dict[int, int]:
+    return {int(a): b for a, b in measured["abandon_hist"].items()}
+
+
+def chart(rows: list[dict[str, Any]], cfgs: list[Config], path: Path) -> bool:
+    """Rollouts per effective group per method, measured bars with expected markers."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no chart",
+              file=sys.stderr)
+        return False
+    cfgs = [c for c in cfgs if any(r["pool"] == c.pool and r["k"] == c.k for r in rows)]
+    cols = 2 if len(cfgs) > 1 else 1
+    nrows = math.ceil(len(cfgs) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(7.5 * cols, 4.2 * nrows), squeeze=False)
+    for ax, cfg in zip(axes.flat, cfgs):
+        block = [r for r in rows if r["pool"] == cfg.pool and r["k"] == cfg.k]
+        ds = next((r for r in block if r["method"] == "ds"), None)
+        x = range(len(block))
+        meas = [r["measured"]["rollouts_per_effective"] for r in block]
+        exp = [r["expected"].get("rollouts_per_effective") for r in block]
+        colors = ["#999999" if r["method"] in ("uniform", "ds") else
+                  "#4c72b0" if r["method"].startswith("sara") else "#dd8452" for r in block]
+        ax.bar(x, meas, color=colors, width=0.7, label="measured (service)")
+        for i, (r, e) in enumerate(zip(block, exp)):
+            if e is None:
+                continue
+            exact = r["expected_source"] == "exact"
+            ax.plot([i - 0.35, i + 0.35], [e, e], color="black", lw=1.6,
+                    ls="-" if exact else "--",
+                    label=None if i else "expected: exact (solid) / model (dashed)")
+            if ds:
+                pct = 100 * (meas[i] / ds["measured"]["rollouts_per_effective"] - 1)
+                ax.text(i, meas[i] + 0.5, f"{pct:+.0f}%", ha="center", va="bottom", fontsize=8)
+        ax.axhline(cfg.k, color="#55a868", ls=":", lw=1.2,
+                   label="k: every group mixed (the floor for fill-to-k methods)")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([r["label"] for r in block], rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("rollouts per effective group")
+        ax.set_title(f"{cfg.pool} pool, k={cfg.k} (labels: vs DS)", fontsize=10)
+        ax.set_ylim(0, max(meas + [e for e in exp if e]) * 1.15)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(cfgs):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _git_state() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "service", "client", "worker"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if dirty:
+        return f"{head} + uncommitted changes in service/, client/ or worker/"
+    return f"{head} (clean)"
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process and of its finished children (redis)."""
+    import resource
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+def header(cfgs: list[Config], methods: list[str], argv: list[str], seconds: float,
+           jobs_n: int) -> str:
+    cfg = cfgs[0]
+    own, kids = _cpu_seconds()
+    return "\n".join([
+        "SARA allocation efficiency through the real scheduler (bench/allocation.py)",
+        f"date:      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
+        f"code:      {_git_state()}",
+        f"command:   {shlex.join(['python', 'bench/allocation.py', *argv])}",
+        f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}; {jobs_n} runs at a time; {seconds:.0f}s in all, "
+        f"CPU {own:.0f}s here + {kids:.0f}s in child processes (redis-server, worker "
+        f"processes); load average at the end {os.getloadavg()[0]:.1f}",
+        f"setup:     sara_client.alocal() (the FastAPI app + Lua on an embedded redis-server) "
+        f"per run; sim outcomes (SimBackend.outcome, max_tokens {MAX_TOKENS}); one worker with "
+        f"unlimited capacity in sync rounds; trainer acks every batch and publishes a version",
+        f"settings:  batch_size {cfg.batch_size}, prefetch_batches {cfg.prefetch_batches}, "
+        f"max_staleness {cfg.max_staleness}, posterior_decay {cfg.posterior_decay} "
+        f"(history, MoPPS), dps_decay {cfg.dps_decay}, selection_pool {cfg.selection_pool}, "
+        f"seed {cfg.seed}",
+        f"methods:   {', '.join(methods)}",
+        "",
+    ])
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pool", default="standard,drifting",
+                   help="comma list of: " + ", ".join(POOLS))
+    p.add_argument("--k", default="8,16", help="comma list of group sizes")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma list of: " + ", ".join(METHODS))
+    p.add_argument("--groups", type=int, default=2048, help="effective groups per method")
+    p.add_argument("--prompts", type=int, default=1024, help="pool size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="CI: standard pool, k=16, 256 groups, 256 prompts, 1 model rep")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--prefetch-batches", type=int, default=2)
+    p.add_argument("--posterior-decay", type=float, default=0.99,
+                   help="λ per policy version for SARA+history and MoPPS (service default 0.5)")
+    p.add_argument("--dps-decay", type=float, default=0.5)
+    p.add_argument("--drift", type=float, default=DEFAULT_DRIFT, help="γ gained per epoch")
+    p.add_argument("--model-reps", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time (processes; on a busy 2-core box 2 was slower than 1)")
+    p.add_argument("--out", default=None,
+                   help="output prefix (default bench/results/allocation, or "
+                        "allocation_quick with --quick)")
+    p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        defaults = {a.dest: a.default for a in p._actions}
+        for name, value in (("pool", "standard"), ("k", "16"), ("groups", 256),
+                            ("prompts", 256), ("model_reps", 1)):
+            if getattr(args, name) == defaults[name]:
+                setattr(args, name, value)
+    return args
+
+
+def configs(args: argparse.Namespace) -> list[Config]:
+    out = []
+    for pool in args.pool.split(","):
+        for k in args.k.split(","):
+            out.append(Config(pool=pool.strip(), k=int(k), groups=args.groups,
+                              prompts=args.prompts, seed=args.seed, batch_size=args.batch_size,
+                              prefetch_batches=args.prefetch_batches,
+                              posterior_decay=args.posterior_decay, dps_decay=args.dps_decay,
+                              drift=args.drift, model_reps=args.model_reps))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",")]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    cfgs = configs(args)
+    for cfg in cfgs:
+        if cfg.pool not in POOLS:
+            raise SystemExit(f"unknown pool {cfg.pool!r}; choose from {', '.join(POOLS)}")
+    started = time.perf_counter()
+    rows = run_all(cfgs, methods, args.jobs, show_progress=not args.no_progress)
+    seconds = time.perf_counter() - started
+    text = header(cfgs, methods, argv, seconds, args.jobs) + format_table(rows, cfgs)
+    print(text)
+    if not args.no_write:
+        prefix = Path(args.out) if args.out else RESULTS / (
+            "allocation_quick" if args.quick else "allocation")
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+
+        def path(ext: str) -> Path:  # not with_suffix: "allocation_decay_0.5" has a dot
+            return prefix.parent / (prefix.name + ext)
+
+        path(".txt").write_text(text + "\n")
+        meta = {"command": shlex.join(["python", "bench/allocation.py", *argv]),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "code": _git_state(), "seconds": seconds,
+                "configs": [asdict(c) for c in cfgs], "methods": methods}
+        path(".json").write_text(
+            json.dumps({"meta": meta, "results": rows}, indent=1, default=float) + "\n")
+        chart(rows, cfgs, path(".png"))
+        print(f"wrote {prefix}.txt, .json, .png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

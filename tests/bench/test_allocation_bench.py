@@ -1,0 +1,181 @@
+"""bench/allocation.py: its exact expectations against Monte Carlo, its reference scheduler
+against the exact figures, and a small run through the real service (SARA below DS at k=16)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str, file: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pools = _load("_pools", "_pools.py")
+bench = _load("bench_allocation", "allocation.py")
+
+
+# --------------------------------------------------------------- exact math vs Monte Carlo
+
+
+def monte_carlo(gammas, k, policy, tau, groups, seed):
+    """Sample prompts from the pool and run each group one rollout at a time."""
+    t_f, t_s = pools.thresholds(k, 1.0, 1.0, tau) if policy == "sara" else (k + 1, k + 1)
+    rng = random.Random(seed)
+    cost = effective = delivered = abandoned = false = 0
+    for _ in range(groups):
+        gamma = rng.choice(gammas)
+        c, eff, dlv, fa = pools.sample_group(gamma, k, policy, t_f, t_s, rng)
+        cost += c
+        effective += eff
+        delivered += dlv
+        false += fa
+        abandoned += policy == "sara" and c < k and not eff
+    return {"rollouts_per_effective": cost / effective,
+            "useful_fraction": k * delivered / cost,
+            "false_abandon_rate": false / abandoned if abandoned else None}
+
+
+@pytest.mark.parametrize("k", [8, 16])
+@pytest.mark.parametrize("policy,tau", [("uniform", 0.5), ("dynamic_sampling", 0.5),
+                                        ("sara", 0.3), ("sara", 0.45), ("sara", 0.5)])
+def test_exact_expectation_matches_monte_carlo(k, policy, tau):
+    gammas = pools.make_pool("standard", 400, seed=3).gammas()
+    exact = pools.expectation(gammas, k, policy, tau)
+    mc = monte_carlo(gammas, k, policy, tau, groups=30_000, seed=k)
+    assert mc["rollouts_per_effective"] == pytest.approx(exact.rollouts_per_effective, rel=0.03)
+    assert mc["useful_fraction"] == pytest.approx(exact.useful_fraction, rel=0.03)
+    if policy == "sara":
+        assert mc["false_abandon_rate"] == pytest.approx(exact.false_abandon_rate, abs=0.01)
+        assert exact.false_abandon_rate < tau  # the reliability bound, on this pool
+    else:
+        assert exact.false_abandon_rate is None
+
+
+def test_drifting_expectation_averages_over_versions():
+    pool = pools.make_pool("drifting", 300, seed=1, drift=0.05, versions_per_epoch=4)
+    versions = list(range(16))
+    exact = pools.expectation([pool.gammas(v) for v in versions], 16, "sara", 0.5)
+    # each version delivers the same number of effective groups, as the trainer's batches do
+    rng = random.Random(7)
+    cost = effective = 0.0
+    for v in versions:
+        mc = monte_carlo(pool.gammas(v), 16, "sara", 0.5, groups=6000, seed=rng.random())
+        cost += mc["rollouts_per_effective"]
+        effective += 1
+    assert cost / effective == pytest.approx(exact.rollouts_per_effective, rel=0.03)
+    assert pool.gamma("p0", 8) == pools.drifted(pool.gamma0["p0"], 0.05, 2.0)
+
+
+def test_population_figures_match_the_issue():
+    """Closed form on the standard pool's population: DS k/P(mixed), SARA ~24% below it."""
+    ds = pools.standard_population(16, "dynamic_sampling")
+    sara = pools.standard_population(16, "sara", 0.5)
+    assert ds == pytest.approx(16 / (0.45 * (1 - 2 * 6 / (18 * 19))), rel=1e-12)
+    assert sara == pytest.approx(8 + 8 / (0.45 * (1 - 2 * 6 / (10 * 11))), rel=1e-12)
+    assert 0.20 < 1 - sara / ds < 0.25
+    big = pools.make_pool("standard", 20_000, seed=0).gammas()
+    assert pools.expectation(big, 16, "sara", 0.5).rollouts_per_effective == pytest.approx(
+        sara, rel=0.01)
+
+
+def test_mean_length_matches_the_sim_backend():
+    from sara_client.models import Rollout, SamplingParams
+    from sara_worker.backends.sim import SimBackend
+
+    sim = SimBackend(seed=5)
+    lengths = pools.Lengths.of_sim(max_tokens=256)
+    for gamma, expected in ((1.0, lengths.success), (0.0, lengths.failure)):
+        total = 0
+        for i in range(20_000):
+            r = Rollout(rollout_id=f"r{i}", group_id="g", prompt_id="p", prompt="q", task="sim",
+                        meta={"p_success": gamma}, sampling=SamplingParams(max_tokens=256))
+            total += sim.outcome(r).tokens
+        assert total / 20_000 == pytest.approx(expected, rel=0.01)
+
+
+def _tie(k, a, b, tau):
+    """p_eff exactly τ somewhere on a pure prefix: there the rounding decides the service's
+    threshold (e.g. k = 11, uniform prior: p_eff after 5 failures is 6/12, computed 0.4999…)."""
+    return any(abs(pools.p_eff_pure(a, b, k, n, side) - tau) < 1e-9
+               for n in range(k + 1) for side in (True, False))
+
+
+def test_thresholds_agree_with_the_service_math():
+    from sara_service.allocation import abandon_thresholds
+
+    rng = random.Random(11)
+    cases = [(16, 1.0, 1.0, 0.5), (8, 1.0, 1.0, 0.45), (16, 1.0, 1.0, 0.3)]
+    cases += [(rng.randint(2, 40), rng.uniform(0.2, 30), rng.uniform(0.2, 30), rng.random())
+              for _ in range(500)]
+    cases += [(rng.randint(2, 32), float(rng.randint(1, 20)), float(rng.randint(1, 20)),
+               rng.choice([0.3, 0.45, 0.5])) for _ in range(500)]
+    # exact ties (p_eff == τ, common with integer posteriors) are "not below τ" here
+    assert pools.thresholds(16, 1.0, 2.0, 0.5)[0] == 8    # p_eff(7 failures) = 9/18
+    assert pools.thresholds(11, 1.0, 1.0, 0.5) == (6, 6)  # p_eff(5 failures) = 6/12
+    for k, a, b, tau in cases:
+        if _tie(k, a, b, tau):
+            continue
+        ref = abandon_thresholds(k, a, b, tau)
+        assert pools.thresholds(k, a, b, tau) == (ref.after_failures, ref.after_successes), \
+            (k, a, b, tau)
+
+
+# ------------------------------------------------------------ the reference scheduler (no I/O)
+
+
+@pytest.mark.parametrize("method", ["ds", "sara-0.5", "uniform"])
+def test_reference_model_matches_exact(method):
+    cfg = bench.Config(pool="standard", k=16, groups=1536, prompts=512, model_reps=0)
+    out = bench.run_job(bench.Job(cfg, method, "model", rep=1))
+    exact = bench.exact_expectation(cfg, bench.METHODS[method])
+    if method == "uniform":  # stale drops (flow control weighs uniform groups at p_eff)
+        assert out["rollouts_per_effective"] >= exact["rollouts_per_effective"] * 0.95
+        return
+    assert out["rollouts_per_effective"] == pytest.approx(exact["rollouts_per_effective"],
+                                                          rel=0.06)
+    assert out["useful_fraction"] == pytest.approx(exact["useful_fraction"], rel=0.06)
+    assert out["n_violations"] == 0
+
+
+# ----------------------------------------------------------------- through the real service
+
+
+def test_small_run_through_the_service(tmp_path):
+    """The product's claim at small scale: SARA needs fewer rollouts per effective group than
+    DS on the standard pool at k=16; and the reference scheduler, on the same seeds, makes the
+    very same decisions as the service's Lua scripts."""
+    prefix = tmp_path / "alloc"
+    code = bench.main(["--pool", "standard", "--k", "16", "--methods", "ds,sara-0.5",
+                       "--groups", "256", "--prompts", "256", "--model-reps", "1",
+                       "--no-progress", "--out", str(prefix)])
+    assert code == 0
+    text = prefix.with_suffix(".txt").read_text()
+    assert "standard pool, k=16" in text and "SARA τ=0.5" in text
+    rows = {r["method"]: r for r in json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    ds, sara = rows["ds"]["measured"], rows["sara-0.5"]["measured"]
+    assert sara["rollouts_per_effective"] < ds["rollouts_per_effective"]
+    for row in rows.values():
+        m = row["measured"]
+        assert m["n_violations"] == 0, m["violations"]
+        assert row["model"]["same_as_service"], row["method"]
+        assert m["rollouts_per_effective"] == pytest.approx(
+            row["exact"]["rollouts_per_effective"], rel=0.15)
+        assert m["counters"]["groups_dropped_stale"] == 0
+    assert {int(n): c for n, c in sara["counters"]["abandon_histogram"].items()} == {
+        int(n): c for n, c in sara["abandon_hist"].items()}
+    assert sara["false_abandon_rate"] < 0.5
