@@ -59,7 +59,6 @@ import os
 import platform
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +70,7 @@ from typing import Any, Callable, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _provenance import git_state  # noqa: E402  (bench/ is not a package)
 from _pools import (  # noqa: E402  (bench/ is not a package)
     DEFAULT_DRIFT, EPOCHS_PER_RUN, POOLS, Lengths, Pool, expectation, make_pool, p_eff_pure,
     thresholds,
@@ -1101,19 +1101,6 @@ def chart(rows: list[dict[str, Any]], cfgs: list[Config], path: Path) -> bool:
     return True
 
 
-def _git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "service", "client", "worker"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if dirty:
-        return f"{head} + uncommitted changes in service/, client/ or worker/"
-    return f"{head} (clean)"
-
-
 def _cpu_seconds() -> tuple[float, float]:
     """CPU seconds (user + system) of this process and of its finished children (redis)."""
     import resource
@@ -1130,7 +1117,7 @@ def header(cfgs: list[Config], methods: list[str], argv: list[str], seconds: flo
     return "\n".join([
         "SARA allocation efficiency through the real scheduler (bench/allocation.py)",
         f"date:      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-        f"code:      {_git_state()}",
+        f"code:      {git_state()}",
         f"command:   {shlex.join(['python', 'bench/allocation.py', *argv])}",
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; {jobs_n} runs at a time; {seconds:.0f}s in all, "
@@ -1227,7 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
         path(".txt").write_text(text + "\n")
         meta = {"command": shlex.join(["python", "bench/allocation.py", *argv]),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "code": _git_state(), "seconds": seconds,
+                "code": git_state(), "seconds": seconds,
                 "configs": [asdict(c) for c in cfgs], "methods": methods}
         path(".json").write_text(
             json.dumps({"meta": meta, "results": rows}, indent=1, default=float) + "\n")

@@ -271,13 +271,7 @@ def stats(
     console.print(table)
 
 
-# --- not built yet -------------------------------------------------------------------------------
-
-_STUB = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
-
-
-def _not_yet(name: str, issue: int) -> typer.Exit:
-    return _err(f"sara {name}: not available yet: see issue {issue}", 2)
+_PASS_THROUGH = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
 
 
 def _option_values(pairs: list[str]) -> dict[str, Any]:
@@ -474,10 +468,46 @@ def demo(
                f"{out / 'summary.json'}")
 
 
-@app.command(**_STUB)
-def bench(ctx: typer.Context) -> None:
-    """Compare uniform, dynamic_sampling and sara on the sim backend. Issue 5."""
-    raise _not_yet("bench", 5)
+BENCHMARKS = ("allocation", "e2e", "service_throughput", "worker_overhead", "soak")
+
+
+def _bench_dir(given: Path | None) -> Path:
+    """The ``bench/`` scripts: `given`, else the source checkout this package runs from, else
+    ``./bench``."""
+    here = Path(__file__).resolve().parents[2] / "bench"
+    for candidate in (given, here, Path.cwd() / "bench"):
+        if candidate is not None and (candidate / "allocation.py").is_file():
+            return candidate
+    raise _err("sara bench: the bench/ scripts were not found; run it from a source checkout "
+               "of this project or pass --bench-dir", 2)
+
+
+@app.command(**_PASS_THROUGH)
+def bench(
+    ctx: typer.Context,
+    name: Annotated[Optional[str], typer.Argument(
+        help=f"one of {', '.join(BENCHMARKS)}; none: allocation --quick")] = None,
+    bench_dir: Annotated[Optional[Path], typer.Option(
+        envvar="SARA_BENCH_DIR", help="where the bench/ scripts are")] = None,
+) -> None:
+    """Run a benchmark script from bench/; arguments after NAME go to it
+    (`sara bench NAME -- --help` shows its own).
+
+    `sara bench` alone compares uniform, Dynamic Sampling, SARA, DPS, MoPPS and SARA + DPS on
+    the standard pool through the real scheduler in under a minute (`allocation --quick`).
+    """
+    import subprocess
+
+    args = list(ctx.args)
+    if name is None:
+        name, args = "allocation", ["--quick", *args]
+    if name not in BENCHMARKS:
+        raise _err(f"sara bench: unknown benchmark {name!r}; choose from "
+                   f"{', '.join(BENCHMARKS)}", 2)
+    script = _bench_dir(bench_dir) / f"{name}.py"
+    code = subprocess.call([sys.executable, str(script), *args])
+    if code:
+        raise typer.Exit(code)
 
 
 def main() -> None:

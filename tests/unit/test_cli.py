@@ -45,12 +45,49 @@ def test_help_imports_nothing_heavy():
     assert out.stdout.strip() == "", f"sara --help imported: {out.stdout.strip()}"
 
 
-@pytest.mark.parametrize("name,issue", [("bench", 5)])
-def test_stub_commands_exit_2_naming_their_issue(name, issue):
-    for args in ([name], [name, "--backend", "sim", "extra"]):
-        result = runner.invoke(cli.app, args)
-        assert result.exit_code == 2, result.output
-        assert f"not available yet: see issue {issue}" in result.output
+@pytest.fixture()
+def bench_dir(tmp_path):
+    """A bench/ directory whose scripts print their arguments and exit with code 3."""
+    for name in cli.BENCHMARKS:
+        (tmp_path / f"{name}.py").write_text(
+            f"import json, sys\nprint(json.dumps([{name!r}, sys.argv[1:]]))\nsys.exit(3)\n")
+    return tmp_path
+
+
+def _bench(args, capfd):
+    result = runner.invoke(cli.app, ["bench", *args])
+    return result, capfd.readouterr().out
+
+
+def test_bench_alone_runs_the_quick_allocation_comparison(bench_dir, capfd):
+    result, out = _bench(["--bench-dir", str(bench_dir)], capfd)
+    assert result.exit_code == 3  # the script's own exit status
+    assert json.loads(out) == ["allocation", ["--quick"]]
+
+
+def test_bench_passes_arguments_through(bench_dir, capfd):
+    result, out = _bench(["--bench-dir", str(bench_dir), "e2e", "--rollouts", "10", "--",
+                          "--help"], capfd)
+    assert result.exit_code == 3
+    assert json.loads(out) == ["e2e", ["--rollouts", "10", "--help"]]
+
+
+def test_bench_names_the_choices_for_an_unknown_benchmark(bench_dir):
+    result = runner.invoke(cli.app, ["bench", "--bench-dir", str(bench_dir), "nope"])
+    assert result.exit_code == 2
+    assert "unknown benchmark 'nope'" in result.output and "e2e" in result.output
+
+
+def test_bench_without_scripts_says_where_to_run_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "a" / "b" / "cli.py"))
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(cli.app, ["bench", "--bench-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "bench/ scripts were not found" in result.output
+
+
+def test_bench_finds_this_checkout_scripts():
+    assert (cli._bench_dir(None) / "e2e.py").is_file()
 
 
 # --- the standard pool ---------------------------------------------------------------------------
