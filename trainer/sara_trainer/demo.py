@@ -65,6 +65,11 @@ class DemoConfig:
     max_staleness: int = 1              # policy versions a delivered group may lag
     probe_per_bucket: int = 24          # prompts per bucket sampled k times to weight the pool
     bucket_floor: float = 0.01          # every bucket keeps at least this weight
+    policy: str = "sara"                # the scheduler's allocation policy
+    selection: str = "epoch"            # the scheduler's prompt selection
+    advantage_estimator: str = "grpo"   # the trainer's; "gae" trains a critic (PPO)
+    rollout_budget: int | None = None   # RL also stops once it has spent this many rollouts
+    eval_every_rollouts: int | None = None   # evaluate by rollouts spent instead of by steps
 
     @classmethod
     def quick_defaults(cls, **over: Any) -> DemoConfig:
@@ -272,8 +277,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         f"{b} {100 * w:.0f}%" for b, w in pool_weights.items()))
     del model
 
-    _say(cfg, f"[bold]3/4 RL with SARA[/] ({cfg.rl_steps} steps, {cfg.batch_groups} groups x "
-              f"k={cfg.group_size}, backend {cfg.backend})")
+    _say(cfg, f"[bold]3/4 RL with {cfg.policy}[/] ({cfg.rl_steps} steps, {cfg.batch_groups} "
+              f"groups x k={cfg.group_size}, backend {cfg.backend})")
     torch.set_num_threads(cfg.rl_threads)
     # leave time for the final evaluation, the chart and shutting down
     rl_deadline = deadline - 2 * eval_seconds - 15
@@ -284,7 +289,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     _say(cfg, "[bold]4/4 held-out evaluation after RL[/]")
     after = _accuracy(trainer.model, tokenizer, eval_set, cfg.max_new_tokens)
     if not evals or evals[-1]["step"] != trainer.step:
-        evals.append({"step": trainer.step, "accuracy": after["accuracy"]})
+        last = history[-1] if history else {}
+        evals.append({"step": trainer.step, "accuracy": after["accuracy"],
+                      "rollouts_cum": last.get("rollouts_cum", 0),
+                      "tokens_cum": last.get("tokens_cum", 0)})
     c, d = stats.counters, stats.derived
     reports = trainer.reports
     summary = {
@@ -343,7 +351,8 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
     from .config import TrainerConfig
     from .loop import Trainer
 
-    settings = dict(redis_url=None, policy="sara", group_size=cfg.group_size,
+    settings = dict(redis_url=None, policy=cfg.policy, selection=cfg.selection,
+                    group_size=cfg.group_size,
                     batch_size=cfg.batch_groups, prefetch_batches=cfg.prefetch_batches,
                     max_staleness=cfg.max_staleness,
                     temperature=1.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed,
@@ -351,12 +360,14 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
     tcfg = TrainerConfig(
         model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
         threads=cfg.rl_threads, lr=cfg.lr, k=cfg.group_size, batch_groups=cfg.batch_groups,
-        micro_batch_rollouts=512, advantage_estimator="grpo", max_new_tokens=cfg.max_new_tokens,
+        micro_batch_rollouts=512, advantage_estimator=cfg.advantage_estimator,
+        max_new_tokens=cfg.max_new_tokens,
         temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
         batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
         extra={"lr_warmup_steps": cfg.lr_warmup_steps})
     history: list[dict[str, Any]] = []
-    evals = [{"step": 0, "accuracy": before["accuracy"]}]
+    evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0, "tokens_cum": 0}]
+    stop, budget_spent = threading.Event(), threading.Event()
     bars = _Bars(cfg.progress, cfg.rl_steps)
     totals = {"rollouts": 0, "tokens": 0, "saved": 0}
 
@@ -376,11 +387,15 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
                  "clip_frac": report.metrics.get("clip_frac"),
                  "staleness_mean": report.metrics.get("staleness_mean"),
                  "staleness_max": report.metrics.get("staleness_max")}
-        if cfg.eval_every and report.step % cfg.eval_every == 0 and report.step < cfg.rl_steps:
+        if _eval_due(cfg, report.step, totals["rollouts"], evals):
             value = _accuracy(trainer.model, trainer.tokenizer, eval_set,
                               cfg.max_new_tokens)["accuracy"]
-            evals.append({"step": report.step, "accuracy": value})
+            evals.append({"step": report.step, "accuracy": value,
+                          "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"]})
             entry["heldout_accuracy"] = value
+        if cfg.rollout_budget and totals["rollouts"] >= cfg.rollout_budget:
+            budget_spent.set()
+            stop.set()
         acc = f"{100 * evals[-1]['accuracy']:.1f}%"
         history.append(entry)
         bars.update(completed=report.step, version=report.policy_version,
@@ -402,13 +417,12 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
         trainer = await asyncio.to_thread(Trainer, _SyncClient(client, loop), tcfg,
                                           on_step=on_step)
         worker_task = asyncio.ensure_future(worker.run())
-        stop = threading.Event()
         timer = loop.call_later(max(0.0, deadline - time.perf_counter()), stop.set)
         try:
             await asyncio.to_thread(trainer.run, stop=stop, timeout_s=cfg.batch_timeout_s)
         finally:
             timer.cancel()
-            out_of_time = stop.is_set()
+            out_of_time = stop.is_set() and not budget_spent.is_set()
             stop.set()
             bars.close()
             worker.stop(abort=True)
@@ -422,11 +436,22 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
                     cfg.rl_steps)
         _say(cfg, f"    time budget reached: RL stopped after {trainer.step} of {cfg.rl_steps} "
                   "steps")
-    elif trainer.step < cfg.rl_steps:
+    elif trainer.step < cfg.rl_steps and not budget_spent.is_set():
         raise RuntimeError(f"RL stopped at step {trainer.step} of {cfg.rl_steps}: no batch for "
                            f"{cfg.batch_timeout_s:.0f}s (the policy may solve none or all of "
                            "the prompts)")
     return trainer, stats, counters, history, evals
+
+
+def _eval_due(cfg: DemoConfig, step: int, rollouts: int, evals: list[dict]) -> bool:
+    """Whether the held-out evaluation runs after this step (never after the last one: the
+    final evaluation follows RL anyway)."""
+    if step >= cfg.rl_steps or (cfg.rollout_budget and rollouts >= cfg.rollout_budget):
+        return False
+    if cfg.eval_every_rollouts:
+        return rollouts // cfg.eval_every_rollouts > evals[-1]["rollouts_cum"] // \
+            cfg.eval_every_rollouts
+    return bool(cfg.eval_every) and step % cfg.eval_every == 0
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
