@@ -19,7 +19,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
@@ -85,12 +85,15 @@ def _config_dict(config: Any) -> dict[str, Any]:
 def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
                     policy_version: int | None = None, config: Any = None,
                     optimizer=None, extra: Mapping[str, Any] | None = None,
-                    keep: int | None = None) -> Path:
+                    keep: int | None = None,
+                    extra_writers: Sequence[Callable[[Path], Any]] = ()) -> Path:
     """Write ``root/step-XXXXXX/`` atomically, point ``root/latest`` at it, return its path.
 
     `config` (a TrainerConfig, dataclass or dict) goes into ``trainer_state.json`` with `step`,
     `policy_version` (defaults to `step`) and `extra`. Saving a step that exists replaces it.
-    `keep` > 0 deletes all but the newest `keep` checkpoints afterwards.
+    `keep` > 0 deletes all but the newest `keep` checkpoints afterwards. Each of `extra_writers`
+    is called with the temporary directory before it is marked complete and renamed into place,
+    so what it writes (the PPO critic, say) is in the checkpoint or the checkpoint is not there.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -109,6 +112,8 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
             import torch
 
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        for write in extra_writers:
+            write(tmp)
         with open(tmp / STATE_FILE, "w") as handle:  # last: marks the directory complete
             json.dump(state, handle, indent=2, sort_keys=True)
             handle.write("\n")

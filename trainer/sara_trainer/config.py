@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+# "gae": PPO with a learned critic (verl's name); the others need no critic
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LR_SCHEDULES = ("constant", "cosine")
 
@@ -36,6 +37,14 @@ class TrainerConfig:
     clip_eps_high: float = 0.28                 # DAPO clip-higher
     kl_coef: float = 0.0                        # k3 KL to the reference (initial) policy
     loss_aggregation: str = "token-mean"
+    # PPO critic (advantage_estimator "gae")
+    gamma: float = 1.0                          # discount over completion tokens
+    gae_lambda: float = 0.95
+    critic_lr: float = 1e-4
+    value_clip_eps: float = 0.2                 # 0: unclipped value loss
+    normalize_values: bool = True               # the critic predicts running-normalised returns
+    whiten_advantages: bool = True              # mean 0, std 1 over the batch's tokens
+    critic_warmup_steps: int = 0                # first steps train only the critic
     # sampling (sent to the workers with each policy)
     max_new_tokens: int = 8
     temperature: float = 1.0
@@ -66,16 +75,20 @@ class TrainerConfig:
             problems.append(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}")
         if self.sft_schedule not in LR_SCHEDULES:
             problems.append(f"sft_schedule must be one of {LR_SCHEDULES}")
-        for name in ("lr", "sft_lr", "k", "batch_groups", "micro_batch_rollouts",
+        for name in ("lr", "critic_lr", "sft_lr", "k", "batch_groups", "micro_batch_rollouts",
                      "updates_per_batch", "max_new_tokens", "sft_batch_size", "threads"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
         for name in ("clip_eps_low", "clip_eps_high", "kl_coef", "temperature", "weight_decay",
-                     "advantage_eps", "grad_clip", "sft_warmup_steps", "max_steps"):
+                     "advantage_eps", "grad_clip", "sft_warmup_steps", "max_steps",
+                     "value_clip_eps", "critic_warmup_steps"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.clip_eps_low >= 1:
             problems.append("clip_eps_low must be < 1")
+        for name in ("gamma", "gae_lambda"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be in [0, 1]")
         if self.k < 2:
             problems.append("k must be >= 2 (a group of one has no advantage)")
         if problems:

@@ -3,7 +3,9 @@
 One step:
 
 1. **pull** an effective batch through the SDK (``next_batch(wait_s=...)``, long-polled);
-2. **advantages** from each group's rewards (``advantage_estimator``: grpo, dr_grpo, rloo, ...);
+2. **advantages** from each group's rewards (``advantage_estimator``: grpo, dr_grpo, rloo, ...),
+   or per token from a learned critic with GAE (``gae``: PPO, see :mod:`sara_trainer.ppo`; the
+   critic is trained after the policy on the same batch and checkpointed with it);
 3. **update**: clipped policy-gradient loss, token-level aggregation, optional k3 KL to a frozen
    reference (the starting policy), micro-batched, one or more optimiser steps;
 4. **checkpoint** (every ``checkpoint_every`` steps): safetensors weights, tokenizer, trainer
@@ -43,6 +45,7 @@ from .checkpoint import OPTIMIZER_FILE, latest_checkpoint, load_checkpoint, save
 from .config import TrainerConfig
 from .loss import policy_loss
 from .policy import completion_logprobs, context_size, disable_dropout, load_policy, make_batch
+from .ppo import PPOCritic
 
 log = logging.getLogger("sara.trainer")
 
@@ -79,6 +82,7 @@ class _Rows:
     completion_ids: list[list[int]] = field(default_factory=list)
     behaviour: list[list[float] | None] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
 
 
 class Trainer:
@@ -120,6 +124,7 @@ class Trainer:
         if resumed is not None and (Path(resumed) / OPTIMIZER_FILE).is_file():
             self.optimizer.load_state_dict(torch.load(Path(resumed) / OPTIMIZER_FILE,
                                                       map_location=cfg.device))
+        self.critic = PPOCritic.create(cfg, resumed) if cfg.advantage_estimator == "gae" else None
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference, _ = load_policy(self.reference_path, device=cfg.device)
@@ -223,7 +228,8 @@ class Trainer:
                                policy_version=version, config=cfg, optimizer=self.optimizer,
                                extra={"reference": self.reference_path,
                                       "trained_batches": self._trained_ids},
-                               keep=cfg.keep_checkpoints or None)
+                               keep=cfg.keep_checkpoints or None,
+                               extra_writers=[self.critic.write] if self.critic else [])
         self.checkpoint = str(Path(path).resolve())
         self.version = version
         return self.checkpoint
@@ -246,8 +252,11 @@ class Trainer:
         """Training rows (prompt ids, completion ids, behaviour logprobs, advantage) of groups."""
         cfg, tok = self.config, self.tokenizer
         rewards = [[float(r.reward) for r in g.rollouts] for g in groups]
-        adv = compute_advantages(rewards, cfg.advantage_estimator, eps=cfg.advantage_eps,
-                                 unbiased=cfg.std_unbiased)
+        if cfg.advantage_estimator == "gae":      # per token, from the critic, in update()
+            adv = [0.0] * sum(len(r) for r in rewards)
+        else:
+            adv = compute_advantages(rewards, cfg.advantage_estimator, eps=cfg.advantage_eps,
+                                     unbiased=cfg.std_unbiased)
         prompts = tok([g.prompt for g in groups])["input_ids"] if groups else []
         limit = context_size(self.model)
         eos = tok.eos_token_id
@@ -264,6 +273,7 @@ class Trainer:
                 out.completion_ids.append(ids[:room])
                 out.behaviour.append(None if behaviour is None else list(behaviour[:room]))
                 out.advantages.append(float(adv[i]))
+                out.rewards.append(float(r.reward))
                 i += 1
         return out
 
@@ -294,16 +304,39 @@ class Trainer:
                    "sampling temperature != 1 (worker logprobs are raw)")
             log.warning("on-policy only: %s; the ratio is 1 and staleness is bounded by the "
                         "scheduler's max_staleness", why)
-        olds = [self._old_logprobs(b, [rows.behaviour[i] for i in c], use_behaviour)
-                for b, c in zip(batches, chunks)]
-        refs = [self._ref_logprobs(b) for b in batches]
-        advs = [torch.tensor([rows.advantages[i] for i in c], dtype=torch.float32,
-                             device=cfg.device) for c in chunks]
         tokens = float(sum(b.completion_mask.sum().item() for b in batches))
+        lr = self._lr()
+        critic = None
+        if self.critic is not None:   # PPO: per-token GAE advantages from the critic's values
+            scores = [torch.tensor([rows.rewards[i] for i in c]) for c in chunks]
+            critic = self.critic.targets(batches, scores)
+            advs = critic.advantages
+        else:
+            advs = [torch.tensor([rows.advantages[i] for i in c], dtype=torch.float32,
+                                 device=cfg.device) for c in chunks]
+        if critic is not None and self.step < cfg.critic_warmup_steps:
+            totals, skipped = {"policy_frozen": 1.0}, 0   # critic warm-up: the policy waits
+        else:
+            olds = [self._old_logprobs(b, [rows.behaviour[i] for i in c], use_behaviour)
+                    for b, c in zip(batches, chunks)]
+            refs = [self._ref_logprobs(b) for b in batches]
+            totals, skipped = self._policy_steps(batches, olds, refs, advs, tokens, n, lr)
+        if critic is not None:
+            totals.update(critic.metrics)
+            totals.update(self.critic.fit(batches, critic))
+            totals.setdefault("loss", totals["vf_loss"])
+        totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
+                      off_policy=float(use_behaviour), lr=lr)
+        return totals
+
+    def _policy_steps(self, batches: list, olds: list, refs: list, advs: list[torch.Tensor],
+                      tokens: float, n: int, lr: float) -> tuple[dict[str, float], int]:
+        """``updates_per_batch`` clipped-PG optimiser steps; the last one's metrics and how many
+        steps were skipped for a non-finite loss or gradient."""
+        cfg = self.config
         normalizer = tokens if cfg.loss_aggregation == "token-mean" else float(n)
         totals: dict[str, float] = {}
         skipped = 0
-        lr = self._lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
@@ -339,9 +372,7 @@ class Trainer:
                           self.step + 1)
             totals = sums
         self.optimizer.zero_grad(set_to_none=True)
-        totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
-                      off_policy=float(use_behaviour), lr=lr)
-        return totals
+        return totals, skipped
 
     def _lr(self) -> float:
         """The learning rate of the next step: linear warm-up over ``extra["lr_warmup_steps"]``
