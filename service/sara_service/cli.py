@@ -274,13 +274,13 @@ def stats(
 _PASS_THROUGH = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
 
 
-def _option_values(pairs: list[str]) -> dict[str, Any]:
+def _option_values(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
     """``KEY=VALUE`` pairs; a VALUE that parses as JSON is taken as such, else as a string."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise _err(f"--option wants KEY=VALUE, not {pair!r}", 2)
+            raise _err(f"{flag} wants KEY=VALUE, not {pair!r}", 2)
         try:
             options[key.strip()] = json.loads(value)
         except ValueError:
@@ -394,7 +394,8 @@ def train(
         "./sara-data/checkpoints"),
     steps: Annotated[int, typer.Option(min=1, help="Total steps to reach (resumes count).")] = 200,
     estimator: Annotated[str, typer.Option(
-        help="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline.")] = "grpo",
+        help="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, or gae (PPO: trains a "
+             "critic, checkpointed with the policy).")] = "grpo",
     lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")] = 1e-4,
     kl_coef: Annotated[float, typer.Option(min=0.0, help="k3 KL to the starting policy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="torch seed.")] = 0,
@@ -403,6 +404,10 @@ def train(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1 ...")] = "cpu",
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    settings: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Any other TrainerConfig field as KEY=VALUE, repeatable: e.g. "
+                      "critic_lr=1e-3, gae_lambda=0.95, critic_warmup_steps=5, "
+                      "batch_groups=64.")] = None,
 ) -> None:
     """Pull effective batches, update the policy, checkpoint and publish each new version."""
     import logging
@@ -412,12 +417,14 @@ def train(
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    fields = dict(model=model, checkpoint_dir=str(checkpoint_dir), max_steps=steps,
+                  advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
+                  checkpoint_every=checkpoint_every, device=device, threads=threads,
+                  service_url=url)
+    fields.update(_option_values(settings or [], "--set"))
     try:
-        config = TrainerConfig(model=model, checkpoint_dir=str(checkpoint_dir), max_steps=steps,
-                               advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
-                               checkpoint_every=checkpoint_every, device=device, threads=threads,
-                               service_url=url)
-    except ValueError as e:
+        config = TrainerConfig.from_dict(fields)
+    except (ValueError, TypeError) as e:
         raise _err(f"sara train: {e}", 2) from None
     from sara_trainer.loop import train as run_training
 

@@ -197,7 +197,8 @@ def test_sara_train_cli_trains_against_the_scheduler(tiny_dir, tmp_path, monkeyp
         result = CliRunner().invoke(cli.app, [
             "train", "--model", str(tiny_dir), "--url", "http://scheduler:9", "--token", "t0k",
             "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "2", "--estimator", "dr_grpo",
-            "--lr", "1e-3", "--kl-coef", "0.05", "--seed", "1", "--threads", "1"])
+            "--lr", "1e-3", "--kl-coef", "0.05", "--seed", "1", "--threads", "1",
+            "--set", "gae_lambda=0.9", "--set", "normalize_values=false"])
         assert result.exit_code == 0, result.output
         assert "trained to step 2, policy v2" in result.output
         assert sara.get_policy().version == 2
@@ -206,6 +207,7 @@ def test_sara_train_cli_trains_against_the_scheduler(tiny_dir, tmp_path, monkeyp
     assert (state["step"], state["policy_version"]) == (2, 2)
     assert state["config"]["advantage_estimator"] == "dr_grpo"
     assert (state["config"]["kl_coef"], state["config"]["seed"]) == (0.05, 1)
+    assert (state["config"]["gae_lambda"], state["config"]["normalize_values"]) == (0.9, False)
 
 
 def test_sara_train_cli_rejects_bad_options(tmp_path):
@@ -217,3 +219,10 @@ def test_sara_train_cli_rejects_bad_options(tmp_path):
     assert result.exit_code == 2 and "advantage_estimator must be one of" in result.output
     result = CliRunner().invoke(cli.app, ["train"])
     assert result.exit_code == 2 and "--model" in result.output
+    result = CliRunner().invoke(cli.app, ["train", "--model", str(tmp_path), "--set", "nope=1"])
+    assert result.exit_code == 2 and "unknown TrainerConfig fields: nope" in result.output
+    result = CliRunner().invoke(cli.app, ["train", "--model", str(tmp_path), "--set", "lr"])
+    assert result.exit_code == 2 and "--set wants KEY=VALUE" in result.output
+    result = CliRunner().invoke(cli.app, ["train", "--model", str(tmp_path), "--set",
+                                          "critic_lr=0"])
+    assert result.exit_code == 2 and "critic_lr must be > 0" in result.output
