@@ -29,7 +29,7 @@ import math
 import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ QUICK_BUCKETS = ("add1", "add2", "sub1")
 @dataclass
 class DemoConfig:
     sft_seconds: float = 210.0
+    sft_steps: int | None = None        # warm start by steps instead (same weights on any box)
     rl_steps: int = 120
     seed: int = 0
     out: str = "./sara-demo"
@@ -70,6 +71,7 @@ class DemoConfig:
     advantage_estimator: str = "grpo"   # the trainer's; "gae" trains a critic (PPO)
     rollout_budget: int | None = None   # RL also stops once it has spent this many rollouts
     eval_every_rollouts: int | None = None   # evaluate by rollouts spent instead of by steps
+    trainer_options: dict[str, Any] = field(default_factory=dict)  # more TrainerConfig fields
 
     @classmethod
     def quick_defaults(cls, **over: Any) -> DemoConfig:
@@ -257,13 +259,15 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     build_tiny_policy(work / "init", TinyConfig(seed=cfg.seed))
     model, tokenizer = load_policy(work / "init")
     eval_set = make_eval_set(cfg.eval_size, seed=cfg.seed, buckets=buckets)
-    _say(cfg, f"[bold]1/4 SFT warm start[/] ({cfg.sft_seconds:.0f}s, tiny GPT-2 "
+    length = f"{cfg.sft_steps} steps" if cfg.sft_steps else f"{cfg.sft_seconds:.0f}s"
+    _say(cfg, f"[bold]1/4 SFT warm start[/] ({length}, tiny GPT-2 "
               f"{sum(p.numel() for p in model.parameters()):,} params)")
     if cfg.start_from:
         model, tokenizer = load_policy(cfg.start_from)
         sft_result = SFTResult(steps=0, seconds=0.0, answer_tokens=0, total_tokens=0)
     else:
-        sft_result = sft(model, tokenizer, max_seconds=cfg.sft_seconds, seed=cfg.seed,
+        sft_result = sft(model, tokenizer, max_seconds=None if cfg.sft_steps else cfg.sft_seconds,
+                         max_steps=cfg.sft_steps, seed=cfg.seed,
                          buckets=buckets, progress=cfg.progress)
     sft_dir = save_checkpoint(work / "sft", model, tokenizer, step=0, policy_version=0,
                               extra={"sft": sft_result.to_dict()})
@@ -364,7 +368,7 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
         max_new_tokens=cfg.max_new_tokens,
         temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
         batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
-        extra={"lr_warmup_steps": cfg.lr_warmup_steps})
+        extra={"lr_warmup_steps": cfg.lr_warmup_steps}, **cfg.trainer_options)
     history: list[dict[str, Any]] = []
     evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0, "tokens_cum": 0}]
     stop, budget_spent = threading.Event(), threading.Event()
