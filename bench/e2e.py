@@ -140,6 +140,7 @@ def run_method(args: argparse.Namespace, method: str, sft_dir: str, work: Path
     started = time.perf_counter()
     summary = run_demo(demo_config(args, method, sft_dir, work / method))
     sched = summary["scheduler"]
+    effective = sum(h["groups_mixed"] for h in summary["history"])
     return {
         "method": method, "label": LABELS[method], **METHODS[method],
         "steps": summary["rl"]["steps"], "seconds": time.perf_counter() - started,
@@ -151,8 +152,13 @@ def run_method(args: argparse.Namespace, method: str, sft_dir: str, work: Path
         "groups_committed": sched["groups_committed"],
         "groups_abandoned": sched["groups_abandoned"],
         "groups_dropped": sched["groups_dropped"],
-        "useful_fraction": sched["useful_fraction"],
-        "rollouts_per_effective_group": sched["rollouts_per_effective_group"],
+        # effective = mixed (a non-zero GRPO advantage), counted in the batches the trainer got:
+        # under uniform the scheduler also delivers saturated groups, so its own figures count
+        # them as delivered
+        "groups_effective": effective,
+        "useful_fraction": (sum(h["rollouts_mixed"] for h in summary["history"])
+                            / max(1, sched["rollouts_spent"])),
+        "rollouts_per_effective_group": sched["rollouts_spent"] / max(1, effective),
     }
 
 
@@ -179,9 +185,9 @@ def format_table(rows: list[dict[str, Any]], budget: int) -> str:
             f"{_pct(r['useful_fraction']):>8}{_num(r['rollouts_per_effective_group']):>7}"
             f"{_pct(r['accuracy_before']):>8}" + "".join(f"{_pct(a):>10}" for a in at)
             + f"{_pct(r['accuracy_after']):>8}{r['seconds'] / 60:>9.1f}")
-    lines += ["", "useful: share of rollouts that went into delivered groups with a non-zero "
-              "advantage; r/eff: rollouts per delivered effective group; acc@N: held-out greedy "
-              "accuracy after N rollouts (linear between evaluations)."]
+    lines += ["", "useful: share of rollouts spent that the trainer got inside mixed groups "
+              "(a non-zero advantage); r/eff: rollouts spent per mixed group trained on; acc@N: "
+              "held-out greedy accuracy after N rollouts (linear between evaluations)."]
     return "\n".join(lines)
 
 

@@ -62,6 +62,9 @@ def test_quick_run_of_two_methods(tmp_path):
         assert spent[0] == 0 and spent == sorted(spent) and spent[-1] > 0
         assert all(0.0 <= e["accuracy"] <= 1.0 for e in row["evals"])
         assert row["groups_delivered"] > 0
+        # DS and SARA deliver mixed groups only, and the trainer trained every one delivered
+        assert row["groups_effective"] == row["groups_delivered"]
+        assert row["rollouts_per_effective_group"] >= 8
     assert rows["sara"]["groups_abandoned"] > 0 and rows["ds"]["groups_abandoned"] == 0
     text = (out / "e2e.txt").read_text()
     assert "Dynamic Sampling" in text and "SARA" in text and "command:" in text

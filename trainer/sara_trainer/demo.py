@@ -383,6 +383,8 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
         entry = {"step": report.step, "policy_version": report.policy_version,
                  "mean_reward": report.mean_reward, "loss": report.loss,
                  "groups": report.groups, "rollouts": report.rollouts,
+                 "groups_mixed": int(report.metrics.get("groups_mixed", report.groups)),
+                 "rollouts_mixed": int(report.metrics.get("rollouts_mixed", report.rollouts)),
                  "rollouts_spent": st.get("rollouts_spent", 0),
                  "groups_abandoned": st.get("groups_abandoned", 0),
                  "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"],

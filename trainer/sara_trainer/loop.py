@@ -188,6 +188,9 @@ class Trainer:
         started = time.perf_counter()
         lags = [self.version - r.policy_version for g in batch.groups for r in g.rollouts]
         metrics = self.update(batch.groups)
+        mixed = [g for g in batch.groups if len({r.reward for r in g.rollouts}) > 1]
+        metrics["groups_mixed"] = float(len(mixed))     # non-zero advantage under grpo
+        metrics["rollouts_mixed"] = float(sum(len(g.rollouts) for g in mixed))
         metrics["staleness_max"] = float(max(lags, default=0))
         metrics["staleness_mean"] = sum(lags) / len(lags) if lags else 0.0
         self.step += 1
