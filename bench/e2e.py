@@ -74,6 +74,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="held-out evaluations per method (default 8; quick 2)")
     p.add_argument("--eval-size", type=int, default=None,
                    help="held-out problems (default 1000; quick 150)")
+    p.add_argument("--pool", default="probe", choices=("probe", "flat"),
+                   help="training prompts per bucket: 'probe' as sara demo (weighted by how "
+                   "often a probe group came out mixed), 'flat' (equal: many saturated prompts)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="CI smoke run (easy buckets, tiny budget)")
     p.add_argument("--out", default=None, help="result directory (default bench/results, or a "
@@ -99,7 +102,7 @@ def demo_config(args: argparse.Namespace, method: str, sft_dir: str | None, out:
     """The ``sara demo`` configuration of one method's run."""
     from sara_trainer.demo import DemoConfig
 
-    common = dict(seed=args.seed, out=str(out), progress=False, start_from=sft_dir,
+    common = dict(seed=args.seed, out=str(out), progress=False, start_from=sft_dir, pool=args.pool,
                   rl_steps=args.max_steps, rollout_budget=args.rollouts,
                   eval_every_rollouts=max(1, args.rollouts // args.eval_points),
                   eval_size=args.eval_size, time_budget_s=6 * 3600.0,
@@ -247,7 +250,8 @@ def header(args: argparse.Namespace, argv: list[str], seconds: float) -> str:
         f"{shape.batch_groups} groups x k={shape.group_size} per batch, lr {shape.lr:g}); "
         f"SFT {args.sft_steps} steps"
         + (f" (reused {args.start_from})" if args.start_from else "")
-        + f"; budget {args.rollouts:,} rollouts or {args.max_steps} steps; held-out "
+        + f"; {args.pool} prompt pool; budget {args.rollouts:,} rollouts or {args.max_steps} "
+        f"steps; held-out "
         f"{args.eval_size} problems; seed {args.seed}",
         "",
     ])

@@ -69,3 +69,16 @@ def test_quick_run_of_two_methods(tmp_path):
     text = (out / "e2e.txt").read_text()
     assert "Dynamic Sampling" in text and "SARA" in text and "command:" in text
     assert (out / "e2e.png").stat().st_size > 10_000
+
+
+def test_flat_pool_spreads_the_prompts_evenly_without_a_probe():
+    from collections import Counter
+
+    from sara_trainer.demo import DemoConfig, prompt_pool
+
+    cfg = DemoConfig(pool="flat", prompts=300)
+    prompts, shares = prompt_pool(None, None, cfg, ["add2", "sub2", "mul2"])  # no model needed
+    assert shares == pytest.approx({"add2": 1 / 3, "sub2": 1 / 3, "mul2": 1 / 3})
+    assert Counter(p["meta"]["bucket"] for p in prompts) == {"add2": 100, "sub2": 100, "mul2": 100}
+    assert e2e.demo_config(e2e.parse_args(["--pool", "flat"]), "sara", None, Path(".")).pool == \
+        "flat"

@@ -66,6 +66,7 @@ class DemoConfig:
     max_staleness: int = 1              # policy versions a delivered group may lag
     probe_per_bucket: int = 24          # prompts per bucket sampled k times to weight the pool
     bucket_floor: float = 0.01          # every bucket keeps at least this weight
+    pool: str = "probe"                 # "probe": buckets weighted as above; "flat": equal
     policy: str = "sara"                # the scheduler's allocation policy
     selection: str = "epoch"            # the scheduler's prompt selection
     advantage_estimator: str = "grpo"   # the trainer's; "gae" trains a critic (PPO)
@@ -152,16 +153,17 @@ def prompt_pool(model, tokenizer, cfg: DemoConfig, buckets: list[str] | None
     decides every group). A policy that has learnt only some buckets then spends its rollouts
     where groups can be effective, whatever SFT reached on this machine in its time budget.
 
-    Returns (prompts, {bucket: weight}); weights are the mixed fraction plus ``bucket_floor``.
+    Returns (prompts, {bucket: weight}); weights are the mixed fraction plus ``bucket_floor``,
+    or equal with ``pool="flat"`` (no probe: the allocator alone meets the saturated buckets).
     """
-    import random
-
     import torch
 
     from .policy import group_outcomes
     from .tasks.arith import BUCKET_NAMES, make_split
 
     names = list(buckets or BUCKET_NAMES)
+    if cfg.pool == "flat":
+        return _pool(cfg, {b: 1.0 / len(names) for b in names})
     probe = [p for b in names
              for p in make_split(min(cfg.probe_per_bucket, _capacity(b)),
                                  seed=cfg.seed + 1, buckets=[b])]
@@ -171,13 +173,21 @@ def prompt_pool(model, tokenizer, cfg: DemoConfig, buckets: list[str] | None
     weights = {b: spread["by_bucket"].get(b, {}).get("mixed", 0.0) + cfg.bucket_floor
                for b in names}
     total = sum(weights.values())
+    return _pool(cfg, {b: weights[b] / total for b in names})
+
+
+def _pool(cfg: DemoConfig, shares: dict[str, float]) -> tuple[list[dict], dict[str, float]]:
+    """``cfg.prompts`` training prompts split over the buckets by `shares`, shuffled."""
+    import random
+
+    from .tasks.arith import make_split
+
     prompts: list[dict] = []
-    for b in names:
-        n = max(1, round(cfg.prompts * weights[b] / total))
-        prompts.extend(make_split(min(n, _capacity(b)), seed=cfg.seed,
-                                  buckets=[b]))
+    for b, share in shares.items():
+        n = max(1, round(cfg.prompts * share))
+        prompts.extend(make_split(min(n, _capacity(b)), seed=cfg.seed, buckets=[b]))
     random.Random(cfg.seed).shuffle(prompts)
-    return prompts, {b: weights[b] / total for b in names}
+    return prompts, shares
 
 
 def _capacity(bucket: str) -> int:
