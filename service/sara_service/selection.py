@@ -15,6 +15,7 @@ that short history; the scheduler draws a candidate pool and keeps the best-scor
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -60,22 +61,43 @@ def _advance(belief: list[float], counts: Matrix, steps: int,
 def dps_mixed_probability(observations: Sequence[Sequence], version: int,
                           params: DpsParams = DpsParams()) -> float:
     """P(the prompt's next group is mixed) at policy `version`, from (version, 'F'|'M'|'S') pairs."""
+    # stable by version: observations of one version keep the order they were recorded in
+    key = tuple((int(seen_at), str(outcome))
+                for seen_at, outcome in sorted(observations, key=lambda o: int(o[0])))
+    return _predicted_mixed(key, int(version), params)
+
+
+# A scheduler scores selection_pool candidates for every group it opens, and a prompt's
+# observations change only when one of its groups ends: both steps are cached, so a score costs
+# a dictionary lookup in the common case instead of a walk over every observation.
+@functools.lru_cache(maxsize=1 << 16)
+def _predicted_mixed(observations: tuple[tuple[int, str], ...], version: int,
+                     params: DpsParams) -> float:
+    belief, counts, at = _filtered(observations, params)
+    if at is None:  # never observed: the prior's one-step prediction
+        return _step(list(belief), [list(row) for row in counts])[_INDEX["M"]]
+    advanced, _ = _advance(list(belief), [list(row) for row in counts], max(1, version - at),
+                           params)
+    return advanced[_INDEX["M"]]
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _filtered(observations: tuple[tuple[int, str], ...], params: DpsParams
+              ) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...], int | None]:
+    """The HMM's belief and transition counts just after the last observation, and its version."""
     counts: Matrix = [[params.prior] * 3 for _ in range(3)]
     belief = [1 / 3] * 3
     previous: int | None = None
     at: int | None = None
-    for seen_at, outcome in sorted(observations, key=lambda o: o[0]):
+    for seen_at, outcome in observations:
         state = _INDEX[outcome]
         if at is not None:
-            belief, counts = _advance(belief, counts, int(seen_at) - at, params)
+            belief, counts = _advance(belief, counts, seen_at - at, params)
         if previous is not None:
             counts[previous][state] += 1.0
         belief = [1.0 if i == state else 0.0 for i in range(3)]
-        previous, at = state, int(seen_at)
-    if at is None:  # never observed: the prior's one-step prediction
-        return _step(belief, counts)[_INDEX["M"]]
-    belief, counts = _advance(belief, counts, max(1, version - at), params)
-    return belief[_INDEX["M"]]
+        previous, at = state, seen_at
+    return tuple(belief), tuple(tuple(row) for row in counts), at
 
 
 def mopps_score(alpha: float, beta: float, rng: random.Random, target: float = 0.5) -> float:

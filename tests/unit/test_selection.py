@@ -97,3 +97,14 @@ def test_top_by_score_keeps_the_best_and_breaks_ties_at_random():
     assert sorted(picked) == ["b", "d"]
     firsts = {top_by_score(["x", "y"], [1.0, 1.0], 1, random.Random(s))[0] for s in range(20)}
     assert firsts == {"x", "y"}
+
+
+def test_dps_scores_are_cached_by_observations_and_version():
+    from sara_service import selection
+
+    observations = [[3, "M"], [1, "F"], [3, "S"]]      # as Redis hands them back: lists, unsorted
+    before = selection._predicted_mixed.cache_info().hits
+    first = dps_mixed_probability(observations, 9)
+    again = dps_mixed_probability([tuple(o) for o in observations], 9)
+    assert first == again == pytest.approx(naive_dps(observations, 9, 0.5, 1.0), abs=1e-12)
+    assert selection._predicted_mixed.cache_info().hits == before + 1
