@@ -82,6 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="result directory (default bench/results, or a "
                    "temporary one with --quick)")
     p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    p.add_argument("--replot", default=None, metavar="E2E_JSON",
+                   help="only redraw the chart of a recorded run, next to its JSON")
     args = p.parse_args(argv)
     quick = args.quick
     defaults = {"rollouts": 1500 if quick else 200_000, "max_steps": 6 if quick else 400,
@@ -216,14 +218,15 @@ def chart(rows: list[dict[str, Any]], path: Path) -> bool:
     except ImportError:
         say("matplotlib is not installed: no chart (pip install 'sara-rollout[bench]')")
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
     for r in rows:
-        for ax, key in zip(axes, ("rollouts_cum", "tokens_cum")):
+        for ax, key in zip(axes, ("rollouts_cum", "tokens_cum", "step")):
             xs = [e[key] for e in r["evals"]]
             ax.plot(xs, [100 * e["accuracy"] for e in r["evals"]], marker="o", ms=3,
                     label=r["label"])
     axes[0].set_xlabel("rollouts spent")
     axes[1].set_xlabel("tokens generated")
+    axes[2].set_xlabel("trainer steps (64 groups each; uniform's include saturated groups)")
     axes[0].set_ylabel("held-out greedy accuracy (%)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -264,6 +267,10 @@ def say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.replot:
+        recorded = Path(args.replot)
+        chart(json.loads(recorded.read_text())["methods"], recorded.with_suffix(".png"))
+        return 0
     started = time.perf_counter()
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="sara-e2e-out-"))
                                            if args.quick else RESULTS)
