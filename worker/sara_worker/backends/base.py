@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from sara_client.models import Rollout
 
@@ -106,3 +106,46 @@ class _Tracked:
     def __exit__(self, *exc_info: object) -> None:
         if self._inflight.get(self._id) is self.event:
             del self._inflight[self._id]
+
+
+class ObservableProgress:
+    """Mixin for backends that stream tokens: tests and benchmarks wait on generation progress
+    (``wait_tokens``, ``wait_until``) instead of sleeping. The backend calls :meth:`_notify`
+    whenever a rollout makes progress or finishes, and implements :meth:`tokens_so_far`."""
+
+    _changed: asyncio.Event | None = None
+
+    def _notify(self) -> None:
+        # wake every waiter at once, then arm a fresh event for the next change
+        if self._changed is not None:
+            self._changed.set()
+        self._changed = asyncio.Event()
+
+    def tokens_so_far(self, rollout_id: str) -> int | None:
+        """Tokens generated so far by an in-flight rollout; None when it is not in flight."""
+        raise NotImplementedError
+
+    async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
+        """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
+
+        def ready() -> bool:
+            counts = [self.tokens_so_far(r) for r in rollout_ids]
+            return all(c is not None and c >= tokens for c in counts)
+
+        return await self.wait_until(ready, timeout)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                return predicate()
+        return True

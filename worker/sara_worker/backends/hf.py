@@ -32,11 +32,11 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
-from typing import Any, Callable
+from typing import Any
 
 from sara_client.models import Rollout
 
-from .base import BaseBackend, Generation
+from .base import BaseBackend, Generation, ObservableProgress
 
 log = logging.getLogger("sara.worker.hf")
 
@@ -75,7 +75,7 @@ class _Batch:
         self.cache, self.mask, self.positions = cache, mask, positions
 
 
-class HFBackend(BaseBackend):
+class HFBackend(ObservableProgress, BaseBackend):
     """transformers generation; see the module docstring for the options."""
 
     name = "hf"
@@ -405,34 +405,7 @@ class HFBackend(BaseBackend):
 
     # --- observation (tests) ---------------------------------------------------------------------
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
     def tokens_so_far(self, rollout_id: str) -> int | None:
         """Tokens generated so far by an in-flight rollout; None when it is not in flight."""
         req = self._by_id.get(rollout_id)
         return None if req is None or req.future.done() else len(req.token_ids)
-
-    async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
-        """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
-
-        def ready() -> bool:
-            counts = [self.tokens_so_far(r) for r in rollout_ids]
-            return all(c is not None and c >= tokens for c in counts)
-
-        return await self.wait_until(ready, timeout)
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                return predicate()
-        return True

@@ -46,13 +46,13 @@ import json
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from sara_client.models import Rollout
 
-from .base import BaseBackend, Generation
+from .base import BaseBackend, Generation, ObservableProgress
 
 log = logging.getLogger("sara.worker.openai")
 
@@ -105,7 +105,7 @@ class _Stream:
                 self.finish_reason = str(choice["finish_reason"])
 
 
-class OpenAIBackend(BaseBackend):
+class OpenAIBackend(ObservableProgress, BaseBackend):
     """An OpenAI-compatible completions server; see the module docstring for the options."""
 
     name = "openai"
@@ -375,10 +375,6 @@ class OpenAIBackend(BaseBackend):
 
     # --- observation (tests) ---------------------------------------------------------------------
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
     def tokens_so_far(self, rollout_id: str) -> int | None:
         """Tokens streamed so far by an in-flight rollout; None when it is not in flight."""
         stream = self._streams.get(rollout_id)
@@ -388,26 +384,3 @@ class OpenAIBackend(BaseBackend):
         """Whether the server has answered an in-flight rollout's request (streaming)."""
         stream = self._streams.get(rollout_id)
         return stream is not None and stream.accepted
-
-    async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
-        """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
-
-        def ready() -> bool:
-            counts = [self.tokens_so_far(r) for r in rollout_ids]
-            return all(c is not None and c >= tokens for c in counts)
-
-        return await self.wait_until(ready, timeout)
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                return predicate()
-        return True

@@ -44,11 +44,11 @@ import asyncio
 import dataclasses
 import logging
 import math
-from typing import Any, Callable
+from typing import Any
 
 from sara_client.models import Rollout
 
-from .base import BaseBackend, Generation
+from .base import BaseBackend, Generation, ObservableProgress
 
 log = logging.getLogger("sara.worker.vllm")
 
@@ -142,7 +142,7 @@ def _logprob_of(position: Any, token_id: int) -> float:
     return math.nan if entry is None else float(entry.logprob)
 
 
-class VLLMBackend(BaseBackend):
+class VLLMBackend(ObservableProgress, BaseBackend):
     """In-process vLLM; see the module docstring for the options."""
 
     name = "vllm"
@@ -386,37 +386,10 @@ class VLLMBackend(BaseBackend):
 
     # --- observation (tests, benchmarks) ---------------------------------------------------------
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
     def tokens_so_far(self, rollout_id: str) -> int | None:
         """Tokens generated so far by an in-flight rollout; None when it is not in flight."""
         progress = self._progress.get(rollout_id)
         return None if progress is None else progress.tokens
-
-    async def wait_tokens(self, rollout_ids: list[str], tokens: int, timeout: float) -> bool:
-        """Wait until every rollout in ``rollout_ids`` is in flight with at least ``tokens``."""
-
-        def ready() -> bool:
-            counts = [self.tokens_so_far(r) for r in rollout_ids]
-            return all(c is not None and c >= tokens for c in counts)
-
-        return await self.wait_until(ready, timeout)
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``predicate()`` holds, re-checked whenever generation makes progress."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
-                return predicate()
-        return True
 
     def engine_request_ids(self) -> set[str]:
         """External (rollout) ids of the requests the engine's output processor still holds."""
