@@ -283,7 +283,9 @@ class Counters(_Answer):
     rollouts_issued: int = 0
     rollouts_completed: int = 0
     rollouts_cancelled: int = 0
-    rollouts_reissued: int = Field(0, description="Re-queued after their lease expired.")
+    rollouts_reissued: int = Field(
+        0, description="Re-queued: their lease expired, or their holder aborted or failed them.")
+    rollouts_errored: int = Field(0, description="Results a worker reported as errors.")
     results_duplicate: int = 0
     results_late: int = Field(0, description="Results for cancelled rollouts (posterior only).")
     tokens_generated: int = 0

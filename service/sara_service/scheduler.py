@@ -28,6 +28,9 @@ from .settings import Settings
 from .store import Store
 
 Clock = Callable[[], float]
+# results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
+# worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
+_NO_OUTCOME = {"abort": -1, "error": -2}
 
 
 def _new_id(prefix: str) -> str:
@@ -191,11 +194,13 @@ class Scheduler:
         """Apply results; a reward at or above success_threshold counts as a success.
 
         An aborted rollout (finish_reason "abort") still held by the reporting worker is
-        released for immediate re-issue; elsewhere it only counts its tokens.
+        released for immediate re-issue; elsewhere it only counts its tokens. A worker error
+        (finish_reason "error") is released the same way, except that the third error on one
+        rollout slot counts as a failure.
         """
         s = self.settings
-        # an aborted rollout carries no outcome: -1 keeps it out of counts and posteriors
-        successes = [-1 if r.finish_reason == "abort" else int(r.reward >= s.success_threshold)
+        # neither carries an outcome: -1 and -2 keep them out of counts and posteriors
+        successes = [_NO_OUTCOME.get(r.finish_reason, int(r.reward >= s.success_threshold))
                      for r in req.results]
         applied = await self.store.apply_results(self.clock(), req.worker_id, req.results,
                                                  successes, s.posterior_decay, s.prior_alpha,

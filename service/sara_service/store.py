@@ -214,7 +214,8 @@ class Store:
                             retention_s: float) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
-        `successes` holds 1/0 per result, or -1 for an aborted rollout (no outcome learned).
+        `successes` holds 1/0 per result, -1 for an aborted rollout (no outcome learned) or -2
+        for a worker error (no outcome, until the third on one slot: then a failure).
         """
         k = self.keys
         group_index: dict[str, int] = {}

@@ -253,3 +253,17 @@ async def test_heartbeat_after_the_lease_was_reissued_is_404(api):
     assert len((await api.lease("w2", 4))["rollouts"]) == 4
     r = await api.heartbeat(lease["lease_id"], "w1")
     assert r.status_code == 404
+
+
+async def test_a_worker_error_is_released_for_another_try_and_teaches_nothing(api):
+    await api.add(prompt_spec("m", "mixed"))
+    rs = by_slot((await api.lease("w1", 4))["rollouts"])
+    answer = await api.report("w1", [result_for(rs[0], reward=0.0, finish_reason="error")])
+    assert (answer["accepted"], answer["released"]) == (0, 1)
+    again = (await api.lease("w2", 1))["rollouts"]
+    assert [r["rollout_id"] for r in again] == [rs[0]["rollout_id"]]
+    c = await api.counters()
+    assert c["rollouts_errored"] == 1 and c["rollouts_completed"] == 0
+    await api.report("w1", [result_for(rs[1], reward=1.0)])
+    posterior = (await api.prompt("m"))["posterior"]
+    assert (posterior["alpha"], posterior["beta"]) == (2.0, 1.0)  # the success, not the error

@@ -277,6 +277,29 @@ async def test_an_aborted_rollout_teaches_nothing_and_its_holder_releases_it_at_
     assert c["rollouts_completed"] == 0 and c["tokens_generated"] == 10
 
 
+async def test_a_worker_error_teaches_nothing_until_the_slot_has_failed_three_times(store):
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    _, before = await store.get_prompt("p")
+    broken = [RolloutResult(rollout_id="g:0", reward=0.0, finish_reason="error")]
+    for attempt, worker in enumerate(("w1", "w2"), 1):
+        held, _ = await lease(store, worker, 1, lease_id=f"L{attempt}")
+        assert held == ["g:0"]  # released at once, so the next lease gets it again
+        out = await store.apply_results(1.0, worker, broken, [-2], 0.5, 1.0, 1.0, 100.0)
+        assert (out.accepted, out.released) == (0, 1)
+    _, during = await store.get_prompt("p")
+    assert (during["a"], during["b"]) == (before["a"], before["b"])
+    # an error from a worker that no longer holds the slot neither releases nor counts
+    out = await store.apply_results(1.0, "w1", broken, [-2], 0.5, 1.0, 1.0, 100.0)
+    assert (out.accepted, out.released, out.late) == (0, 0, 1)
+    held, _ = await lease(store, "w3", 1, lease_id="L3")
+    out = await store.apply_results(1.0, "w3", broken, [-2], 0.5, 1.0, 1.0, 100.0)
+    assert (out.accepted, out.released) == (1, 0)  # the third error: the slot is a failure
+    _, after = await store.get_prompt("p")
+    assert (after["a"], after["b"]) == (before["a"], before["b"] + 1)
+    c = await counters(store)
+    assert c["rollouts_errored"] == 4 and c["rollouts_completed"] == 1
+
+
 async def test_upkeep_collects_every_overdue_group_not_one_batch_per_tick(store):
     from sara_service.scheduler import Scheduler
     from sara_service.settings import Settings

@@ -8,11 +8,14 @@
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
 -- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
 -- ARGV[7] = number of results, then 6 per result:
---           rollout id, index of its group key in KEYS, success (1/0/-1), tokens, policy version,
---           JSON
+--           rollout id, index of its group key in KEYS, success (1/0/-1/-2), tokens,
+--           policy version, JSON
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
---          released}; success -1 marks an aborted (unfinished) rollout: no outcome
+--          released}; success -1 marks an aborted (unfinished) rollout: no outcome; -2 a worker
+--          error (engine or server failure): no outcome either, until the same slot has failed
+--          MAX_ERRORS_PER_SLOT times, after which it counts as a failure so a prompt that always
+--          breaks the engine cannot circulate for ever
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local count = tonumber(ARGV[7])
@@ -20,6 +23,7 @@ local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 
 local function arg(i, j) return ARGV[7 + (i - 1) * 6 + j] end
+local MAX_ERRORS_PER_SLOT = 3
 
 local unknown = {}
 for i = 1, count do
@@ -237,8 +241,15 @@ for i = 1, count do
   tokens = tokens + tonumber(arg(i, 4))
   newest = math.max(newest, tonumber(arg(i, 5)))
   local st = redis.call('HGET', S, rid)
-  local aborted = success < 0
   local held_here = string.match(st, '^l|[^|]*|(.*)$') == wid
+  if success == -2 then
+    redis.call('HINCRBY', STATS, 'rollouts_errored', 1)
+    -- the holder's error: retry the slot elsewhere, up to the cap; then it is a failure
+    if held_here and redis.call('HINCRBY', gkey, 'errors:' .. slot, 1) >= MAX_ERRORS_PER_SLOT then
+      success = 0
+    end
+  end
+  local aborted = success < 0
   -- 'd' = answered; 'd|<worker>' = answered while <worker> held a re-issued copy, now cancelled:
   -- that worker's own answer is a fresh sample (late, posterior only); any other is a duplicate
   local copy_holder = string.match(st, '^d|(.*)$')
