@@ -250,7 +250,8 @@ class Scheduler:
         return AckResponse(batch_id=batch_id, acked=True, already_acked=already)
 
     async def maintain(self, gc_batch: int = 200, gc_rounds: int = 50) -> tuple[int, int]:
-        """Periodic upkeep: re-issue expired leases, delete finished groups past retention.
+        """Periodic upkeep: re-issue expired leases, delete finished groups past retention,
+        forget workers unseen for as long.
 
         Collection runs in bounded rounds until nothing is overdue: one round per tick could not
         keep up with a busy run's group turnover, and memory would grow without end.
@@ -263,4 +264,5 @@ class Scheduler:
             collected += done
             if done < gc_batch:
                 break
+        await self.store.prune_workers(now - self.settings.retention_s, gc_batch)
         return expired, collected

@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     max_rollouts_per_batch: int | None = Field(None, ge=1)
     lease_ttl_s: float = Field(60.0, gt=0.0)
     batch_ack_timeout_s: float = Field(300.0, gt=0.0)
-    retention_s: float = Field(3600.0, gt=0.0, description="How long finished groups are kept.")
+    retention_s: float = Field(3600.0, gt=0.0,
+                               description="How long finished groups and unseen workers are kept.")
     worker_stale_s: float = Field(120.0, gt=0.0)
 
     temperature: float = Field(1.0, ge=0.0)

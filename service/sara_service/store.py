@@ -23,7 +23,7 @@ from .errors import Conflict, NotFound, StoreUnavailable, UnknownRollouts
 from .keys import Keys, split_rollout_id
 
 SCRIPTS = ("open_groups", "lease", "expire_leases", "heartbeat", "apply_results", "form_batch",
-           "ack_batch", "publish_policy", "add_prompts", "refill_epoch")
+           "ack_batch", "publish_policy", "add_prompts", "refill_epoch", "prune_workers")
 
 T = TypeVar("T")
 
@@ -361,3 +361,10 @@ class Store:
             pipe.zrem(k.gc, gid)
         await pipe.execute()
         return len(due)
+
+    @_unavailable_on_redis_error
+    async def prune_workers(self, seen_before: float, limit: int = 200) -> int:
+        """Forget workers last seen before `seen_before` (set, info, cancel list); how many."""
+        k = self.keys
+        return int(await self._run("prune_workers", [k.workers, k.worker_info, k.cancels],
+                                   [seen_before, limit]))

@@ -318,3 +318,21 @@ async def test_flow_control_counts_every_uniform_group_as_one_delivery(store):
     assert opened == 2
     await report(store, "w", [(f"u0:{i}", 1) for i in range(3)])
     assert await store.redis.zscore(store.keys.open_groups, "u0") == 1.0
+
+
+async def test_workers_unseen_for_the_retention_time_are_forgotten(store):
+    from sara_service.scheduler import Scheduler
+    from sara_service.settings import Settings
+
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    await lease(store, "old", 1, now=0.0, lease_id="L1")
+    await lease(store, "new", 1, now=100.0, lease_id="L2")
+    await store.redis.hset(store.keys.cancels, mapping={"old": "g:0", "new": "g:1"})
+    scheduler = Scheduler(Settings(redis_url="redis://unused", namespace="test",
+                                   retention_s=50.0), store, clock=lambda: 120.0)
+    await scheduler.maintain()
+    assert [w.decode() for w in await store.redis.zrange(store.keys.workers, 0, -1)] == ["new"]
+    fields = {f.decode() for f in await store.redis.hkeys(store.keys.worker_info)}
+    assert fields and all(f.startswith("new|") for f in fields)
+    assert await store.redis.hkeys(store.keys.cancels) == [b"new"]
+    assert await store.prune_workers(1000.0) == 1   # and "new" once it is old enough
