@@ -26,3 +26,19 @@ def test_unknown_keys_and_bad_values():
                 {"kl_coef": -1}, {"sft_schedule": "step"}, {"loss_aggregation": "sum"}):
         with pytest.raises(ValueError, match="invalid TrainerConfig"):
             TrainerConfig(**bad)
+
+
+def test_lr_warms_up_linearly_and_old_checkpoints_keep_their_extra_setting():
+    from types import SimpleNamespace
+
+    pytest.importorskip("torch")
+    from sara_trainer.loop import Trainer
+
+    def lr(step, **fields):
+        return Trainer._lr(SimpleNamespace(config=TrainerConfig(lr=1.0, **fields), step=step))
+
+    assert [lr(s, lr_warmup_steps=4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr(0) == 1.0
+    assert lr(1, extra={"lr_warmup_steps": 4}) == 0.5
+    with pytest.raises(ValueError, match="lr_warmup_steps must be >= 0"):
+        TrainerConfig(lr_warmup_steps=-1)

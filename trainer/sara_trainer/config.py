@@ -24,6 +24,7 @@ class TrainerConfig:
     task: str = "arith"
     # RL optimisation
     lr: float = 1e-4
+    lr_warmup_steps: int = 0                    # linear warm-up of the RL learning rate
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     k: int = 8                                  # rollouts per group
@@ -81,7 +82,7 @@ class TrainerConfig:
                 problems.append(f"{name} must be > 0")
         for name in ("clip_eps_low", "clip_eps_high", "kl_coef", "temperature", "weight_decay",
                      "advantage_eps", "grad_clip", "sft_warmup_steps", "max_steps",
-                     "value_clip_eps", "critic_warmup_steps"):
+                     "value_clip_eps", "critic_warmup_steps", "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.clip_eps_low >= 1:

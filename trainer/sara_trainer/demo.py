@@ -378,7 +378,7 @@ async def _rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], ev
         max_new_tokens=cfg.max_new_tokens,
         temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
         batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
-        extra={"lr_warmup_steps": cfg.lr_warmup_steps}, **cfg.trainer_options)
+        lr_warmup_steps=cfg.lr_warmup_steps, **cfg.trainer_options)
     history: list[dict[str, Any]] = []
     evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0, "tokens_cum": 0}]
     stop, budget_spent = threading.Event(), threading.Event()

@@ -378,14 +378,16 @@ class Trainer:
         return totals, skipped
 
     def _lr(self) -> float:
-        """The learning rate of the next step: linear warm-up over ``extra["lr_warmup_steps"]``
-        steps, then ``lr``. Adam's first steps move every weight by about lr whatever its
-        gradient; a warm-up keeps that from knocking an SFT'd policy back (measured: the tiny
-        policy's held-out accuracy dipped 3-9 points over the first 10 steps without one)."""
-        warmup = int(self.config.extra.get("lr_warmup_steps", 0) or 0)
+        """The learning rate of the next step: linear warm-up over ``lr_warmup_steps`` steps,
+        then ``lr``. Adam's first steps move every weight by about lr whatever its gradient; a
+        warm-up keeps that from knocking an SFT'd policy back (measured: the tiny policy's
+        held-out accuracy dipped 3-9 points over the first 10 steps without one)."""
+        cfg = self.config
+        # checkpoints written before the field existed kept it in `extra`
+        warmup = cfg.lr_warmup_steps or int(cfg.extra.get("lr_warmup_steps", 0) or 0)
         if warmup <= 0:
-            return self.config.lr
-        return self.config.lr * min(1.0, (self.step + 1) / warmup)
+            return cfg.lr
+        return cfg.lr * min(1.0, (self.step + 1) / warmup)
 
     @torch.no_grad()
     def _old_logprobs(self, batch, behaviour: list[list[float] | None],
