@@ -444,6 +444,8 @@ def train(
 def demo(
     sft_seconds: Annotated[Optional[float], typer.Option(
         min=0.0, help="SFT warm-start budget, s (default 210; --quick 25).")] = None,
+    sft_steps: Annotated[Optional[int], typer.Option(
+        min=1, help="SFT warm start by steps instead (the same weights on any machine).")] = None,
     rl_steps: Annotated[Optional[int], typer.Option(
         min=1, help="RL steps, fewer if the time budget runs out (default 120; --quick 3)."
     )] = None,
@@ -464,7 +466,8 @@ def demo(
             raise _err("--backend vllm: vllm is not installed here (try --backend hf)", 2)
     from sara_trainer.demo import make_config, run_demo
 
-    config = make_config(sft_seconds, rl_steps, seed, str(out), backend, quick, progress)
+    config = make_config(sft_seconds, rl_steps, seed, str(out), backend, quick, progress,
+                         sft_steps=sft_steps)
     try:
         summary = run_demo(config)
     except Exception as e:

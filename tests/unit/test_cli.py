@@ -280,3 +280,22 @@ def test_load_and_stats_through_the_real_sdk(monkeypatch):
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["counters"]["rollouts_issued"] == 42
     assert seen[-1][:2] == ("GET", "/stats")
+
+
+def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
+    pytest.importorskip("sara_trainer")
+    import sara_trainer.demo as demo
+
+    seen = {}
+
+    def fake_run(config):  # the real demo runs in tests/e2e/test_demo.py
+        seen["config"] = config
+        return {"accuracy": {"before_rl": 0.5, "after_rl": 0.6}, "wall_seconds": 1.0}
+
+    monkeypatch.setattr(demo, "run_demo", fake_run)
+    result = runner.invoke(cli.app, ["demo", "--quick", "--sft-steps", "40", "--rl-steps", "2",
+                                     "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    cfg = seen["config"]
+    assert (cfg.sft_steps, cfg.rl_steps, cfg.quick, cfg.progress) == (40, 2, True, False)
+    assert "50.0% -> 60.0%" in result.output

@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sft-seconds", type=float, default=None)
+    p.add_argument("--sft-steps", type=int, default=None)
     p.add_argument("--rl-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="./sara-demo")
@@ -307,15 +308,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--start-from", default=None, help="SFT'd checkpoint: skip SFT")
     args = p.parse_args(argv)
     cfg = make_config(args.sft_seconds, args.rl_steps, args.seed, args.out, args.backend,
-                      args.quick, not args.no_progress)
+                      args.quick, not args.no_progress, sft_steps=args.sft_steps)
     cfg.start_from = args.start_from
     return run_demo(cfg)
 
 
 def make_config(sft_seconds: float | None, rl_steps: int | None, seed: int, out: str,
-                backend: str, quick: bool, progress: bool = True) -> DemoConfig:
+                backend: str, quick: bool, progress: bool = True,
+                sft_steps: int | None = None) -> DemoConfig:
+    """The demo's configuration from its command-line options (None: the default)."""
     over = {"sft_seconds": sft_seconds, "rl_steps": rl_steps, "seed": seed, "out": str(out),
-            "backend": backend, "progress": progress}
+            "backend": backend, "progress": progress, "sft_steps": sft_steps}
     if quick:
         return DemoConfig.quick_defaults(**over)
     return DemoConfig(**{k: v for k, v in over.items() if v is not None})
