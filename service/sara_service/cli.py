@@ -442,10 +442,11 @@ def train(
 
 @app.command()
 def demo(
-    sft_seconds: Annotated[Optional[float], typer.Option(
-        min=0.0, help="SFT warm-start budget, s (default 210; --quick 25).")] = None,
     sft_steps: Annotated[Optional[int], typer.Option(
-        min=1, help="SFT warm start by steps instead (the same weights on any machine).")] = None,
+        min=1, help="SFT warm-start steps (default 900: the same weights on any machine).")
+    ] = None,
+    sft_seconds: Annotated[Optional[float], typer.Option(
+        min=0.0, help="Warm up by time instead, s (--quick: 25 s).")] = None,
     rl_steps: Annotated[Optional[int], typer.Option(
         min=1, help="RL steps, fewer if the time budget runs out (default 120; --quick 3)."
     )] = None,

@@ -1,7 +1,7 @@
 """``sara demo``: scheduler, worker and trainer end to end on this CPU, nothing downloaded.
 
 1. build the tiny character-level GPT-2 (``sara_trainer.tiny``) and warm it up with SFT on the
-   ``arith`` task (``sft_seconds`` of teacher forcing);
+   ``arith`` task (``sft_steps`` of teacher forcing, or ``sft_seconds`` when steps are None);
 2. evaluate it greedily on held-out problems (**before**);
 3. start the scheduler in-process (``sara_client.alocal``: the real app and Lua scripts on an
    embedded Redis, policy ``sara``), load the arith training prompts (``meta.reversed_answer``);
@@ -38,8 +38,8 @@ QUICK_BUCKETS = ("add1", "add2", "sub1")
 
 @dataclass
 class DemoConfig:
-    sft_seconds: float = 210.0
-    sft_steps: int | None = None        # warm start by steps instead (same weights on any box)
+    sft_steps: int | None = 900         # by steps: the same weights on any machine
+    sft_seconds: float = 210.0          # the warm start's time budget when sft_steps is None
     rl_steps: int = 120
     seed: int = 0
     out: str = "./sara-demo"
@@ -75,7 +75,7 @@ class DemoConfig:
     @classmethod
     def quick_defaults(cls, **over: Any) -> DemoConfig:
         """Tiny budgets for tests: easy buckets only, small batches, short SFT."""
-        base = dict(sft_seconds=25.0, rl_steps=3, prompts=300, eval_size=150, eval_every=1,
+        base = dict(sft_steps=None, sft_seconds=25.0, rl_steps=3, prompts=300, eval_size=150, eval_every=1,
                     batch_groups=8, lr=5e-4, buckets=QUICK_BUCKETS, batch_timeout_s=60.0,
                     quick=True)
         base.update({k: v for k, v in over.items() if v is not None})
@@ -320,8 +320,12 @@ def make_config(sft_seconds: float | None, rl_steps: int | None, seed: int, out:
     over = {"sft_seconds": sft_seconds, "rl_steps": rl_steps, "seed": seed, "out": str(out),
             "backend": backend, "progress": progress, "sft_steps": sft_steps}
     if quick:
-        return DemoConfig.quick_defaults(**over)
-    return DemoConfig(**{k: v for k, v in over.items() if v is not None})
+        cfg = DemoConfig.quick_defaults(**over)
+    else:
+        cfg = DemoConfig(**{k: v for k, v in over.items() if v is not None})
+    if sft_seconds is not None and sft_steps is None:
+        cfg.sft_steps = None  # a time budget was asked for: warm up by time
+    return cfg
 
 
 if __name__ == "__main__":
