@@ -288,16 +288,22 @@ def load_synthetic(url: str, n: int, seed: int) -> None:
     assert f"loaded {n} prompts ({n} new)" in out.stdout, out.stdout
 
 
-def slot_counts(redis_url: str, namespace: str) -> collections.Counter:
-    """Count every rollout slot of the namespace by state, straight from Redis."""
+SLOT_NAMES = {b"p": "pending", b"d": "done", b"c": "cancelled"}
+
+
+def slot_values(redis_url: str, namespace: str) -> list[bytes]:
+    """Every rollout slot's raw state in the namespace, straight from the slots hash."""
     client = redis.Redis.from_url(redis_url)
     try:
-        values = client.hvals(Keys(namespace).slots)
+        return client.hvals(Keys(namespace).slots)
     finally:
         client.close()
-    names = {b"p": "pending", b"d": "done", b"c": "cancelled"}
-    return collections.Counter("leased" if v.startswith(b"l|") else names.get(v, repr(v))
-                               for v in values)
+
+
+def slot_counts(redis_url: str, namespace: str) -> collections.Counter:
+    """Count every rollout slot of the namespace by state, straight from Redis."""
+    return collections.Counter("leased" if v.startswith(b"l|") else SLOT_NAMES.get(v, repr(v))
+                               for v in slot_values(redis_url, namespace))
 
 
 async def _consume(clients: list[AsyncSaraClient], n_batches: int, batches: list[Batch],

@@ -43,7 +43,7 @@ from sara_client import (
 from sara_service.keys import Keys, split_rollout_id
 
 from tests.e2e._harness import (
-    SUCCESS_THRESHOLD, BernoulliWorker, ServeProcess, _die_with_parent,
+    SLOT_NAMES, SUCCESS_THRESHOLD, BernoulliWorker, ServeProcess, _die_with_parent, slot_values,
 )
 
 SLOT_STATES = {"pending", "leased", "done", "cancelled"}
@@ -278,21 +278,14 @@ def count_slots(redis_url: str, namespace: str) -> collections.Counter:
 
     Like the e2e harness' `slot_counts`, plus 'd|<worker>': answered while <worker> held a copy
     issued again after an expired lease (a done slot; the copy was cancelled)."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        values = client.hvals(Keys(namespace).slots)
-    finally:
-        client.close()
-    names = {b"p": "pending", b"d": "done", b"c": "cancelled"}
-
     def state(v: bytes) -> str:
         if v.startswith(b"l|"):
             return "leased"
         if v.startswith(b"d|"):
             return "done"
-        return names.get(v, repr(v))
+        return SLOT_NAMES.get(v, repr(v))
 
-    return collections.Counter(state(v) for v in values)
+    return collections.Counter(state(v) for v in slot_values(redis_url, namespace))
 
 
 async def snapshot(client: Any, redis_url: str, namespace: str
