@@ -141,3 +141,42 @@ def test_buckets_subset_and_errors():
     with pytest.raises(ValueError, match="unknown task"):
         get_task("chess")
     assert get_task("arith") is arith
+
+
+# --- imperfect demonstrations (the demo's warm start) -------------------------------------------
+
+
+@pytest.mark.parametrize(("a", "op", "b", "slipped"), [
+    (58, "+", 67, "52"),      # 125: the carried 1 is dropped
+    (47, "*", 8, "67"),       # 376 -> 76
+    (50, "+", 50, "00"),      # 100 -> "00", which reads as 0
+    (12, "+", 345, "753"),    # 357: no final carry, nothing to drop
+    (52, "-", 17, "53"),      # subtraction never slips
+    (3, "*", 3, "9"),
+])
+def test_dropped_carry_forgets_only_the_final_carry_digit(a, op, b, slipped):
+    assert arith.dropped_carry(a, op, b) == slipped
+    prompt = f"{a}{op}{b}="
+    correct = arith.target_completion(prompt)
+    assert reward(correct, prompt) == 1.0
+    # a slip is never rewarded, and a problem without a final carry has no slip
+    assert reward(slipped, prompt) == float(slipped == correct)
+
+
+def test_flawed_demonstrations_slip_at_the_given_share_and_only_in_their_buckets():
+    stream = training_pairs(3, buckets=["add2", "sub2"], flawed={"add2": 0.6})
+    slipped = Counter()
+    carrying = Counter()
+    for prompt, completion in (next(stream) for _ in range(6000)):
+        a, op, b = arith.parse_prompt(prompt)
+        bucket = "add2" if op == "+" else "sub2"
+        if arith.dropped_carry(a, op, b) != arith.target_completion(prompt):
+            carrying[bucket] += 1
+            slipped[bucket] += completion != arith.target_completion(prompt)
+        else:
+            assert completion == arith.target_completion(prompt)
+    share = slipped["add2"] / carrying["add2"]
+    assert 0.55 < share < 0.65, share
+    assert slipped["sub2"] == 0
+    with pytest.raises(ValueError, match="unknown arith buckets"):
+        next(training_pairs(0, flawed={"div9": 0.5}))

@@ -299,15 +299,39 @@ def make_eval_set(n: int, seed: int = 0, buckets: Iterable[str | Bucket] | None 
 
 
 def training_pairs(seed: int, buckets: Iterable[str | Bucket] | None = None,
-                   weights: Sequence[float] | None = None) -> Iterator[tuple[str, str]]:
+                   weights: Sequence[float] | None = None,
+                   flawed: Mapping[str, float] | None = None) -> Iterator[tuple[str, str]]:
     """An endless seeded stream of (prompt, target completion) training pairs (the completion is
-    the reversed result, without eos), held-out problems excluded."""
+    the reversed result, without eos), held-out problems excluded.
+
+    `flawed` maps bucket names to the share of that bucket's demonstrations that carry the
+    slip of :func:`dropped_carry` (imperfect demonstrations, as SFT data often has); the reward
+    never accepts a slipped answer."""
     chosen = resolve_buckets(buckets)
     rng = random.Random(f"arith-pairs:{seed}")
+    flawed = dict(flawed or {})
+    unknown = sorted(set(flawed) - set(BUCKET_NAMES))
+    if unknown:
+        raise ValueError(f"unknown arith buckets in flawed: {unknown}")
     while True:
         bucket = rng.choices(chosen, weights=weights)[0] if weights else rng.choice(chosen)
         problem = sample_problem(bucket, rng, "train")
-        yield problem.prompt, problem.completion
+        share = flawed.get(bucket.name, 0.0)
+        if share and rng.random() < share:
+            yield problem.prompt, dropped_carry(problem.a, problem.op, problem.b)
+        else:
+            yield problem.prompt, problem.completion
+
+
+def dropped_carry(a: int, op: str, b: int) -> str:
+    """The completion with the final carry forgotten: when the result is longer than the longer
+    operand (``58+67`` is 125, ``47*8`` is 376) its leading digit, which in the reversed notation
+    is the completion's last, is left out (``"52"`` for 58+67, ``"67"`` for 47*8); otherwise the
+    correct completion. Every other digit, carries included, is right."""
+    text = reverse_answer(evaluate(a, op, b))
+    if op in "+*" and len(str(evaluate(a, op, b))) > max(len(str(a)), len(str(b))):
+        return text[:-1]
+    return text
 
 
 # ---------------------------------------------------------------------------------------------
