@@ -443,21 +443,24 @@ def train(
 @app.command()
 def demo(
     sft_steps: Annotated[Optional[int], typer.Option(
-        min=1, help="SFT warm-start steps (default 900: the same weights on any machine).")
+        min=1, help="Warm up here with this many SFT steps instead of the shipped warm start.")
     ] = None,
     sft_seconds: Annotated[Optional[float], typer.Option(
-        min=0.0, help="Warm up by time instead, s (--quick: 25 s).")] = None,
+        min=0.0, help="Warm up here by time instead, s (--quick: 25 s).")] = None,
     rl_steps: Annotated[Optional[int], typer.Option(
-        min=1, help="RL steps, fewer if the time budget runs out (default 120; --quick 3)."
-    )] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the model, data and sampling.")] = 0,
+        min=1, help="RL steps cap of each arm (the rollout budget ends them first).")] = None,
+    rollouts: Annotated[Optional[int], typer.Option(
+        min=1, help="Rollout budget of each arm (default 15,000).")] = None,
+    compare: Annotated[bool, typer.Option(
+        help="After SARA, run Dynamic Sampling to the same rollouts and compare.")] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the data, sampling and training.")] = 0,
     out: Annotated[Path, typer.Option(help="Where summary.json and chart.png go.")] = Path(
         "./sara-demo"),
     backend: Annotated[str, typer.Option(help="Worker backend: hf or vllm.")] = "hf",
     quick: Annotated[bool, typer.Option(help="Tiny budgets (tests): about a minute.")] = False,
     progress: Annotated[bool, typer.Option(help="Progress bars and the table.")] = True,
 ) -> None:
-    """Scheduler, worker and trainer on this CPU: SFT, RL with SARA, accuracy before and after."""
+    """Scheduler, worker and trainer on this CPU: RL with SARA, then with Dynamic Sampling."""
     if backend not in ("hf", "vllm"):
         raise _err("--backend is hf or vllm", 2)
     if backend == "vllm":
@@ -467,16 +470,20 @@ def demo(
             raise _err("--backend vllm: vllm is not installed here (try --backend hf)", 2)
     from sara_trainer.demo import make_config, run_demo
 
-    config = make_config(sft_seconds, rl_steps, seed, str(out), backend, quick, progress,
-                         sft_steps=sft_steps)
+    config = make_config(quick, sft_seconds=sft_seconds, sft_steps=sft_steps, rl_steps=rl_steps,
+                         rollout_budget=rollouts, compare=compare, seed=seed, out=out,
+                         backend=backend, progress=progress)
     try:
         summary = run_demo(config)
     except Exception as e:
         raise _err(f"sara demo failed: {e}", 1) from None
     acc = summary["accuracy"]
-    typer.echo(f"sara demo: held-out accuracy {100 * acc['before_rl']:.1f}% -> "
-               f"{100 * acc['after_rl']:.1f}% in {summary['wall_seconds']:.0f}s; "
-               f"{out / 'summary.json'}")
+    line = (f"sara demo: held-out accuracy {100 * acc['before_rl']:.1f}% -> "
+            f"{100 * acc['after_rl']:.1f}% with SARA")
+    ds = (summary.get("arms") or {}).get("dynamic_sampling")
+    if ds:
+        line += f", {100 * ds['accuracy_after']:.1f}% with Dynamic Sampling"
+    typer.echo(f"{line} in {summary['wall_seconds']:.0f}s; {out / 'summary.json'}")
 
 
 BENCHMARKS = ("allocation", "e2e", "service_throughput", "worker_overhead", "soak")

@@ -1,13 +1,16 @@
-"""`sara demo --quick`, end to end: scheduler (in-process, embedded Redis) + hf worker + trainer.
+"""`sara demo --quick`, end to end: the shipped warm start, then RL with SARA and RL with Dynamic
+Sampling, each through the scheduler (in-process, embedded Redis), an hf worker and the trainer.
 
-A short run (about a minute on 2 cores: 25 s of SFT on easy buckets, 3 RL steps of 8 groups):
-the policy version advances, every batch is acked, the loss is finite, the worker reloads each
-published checkpoint, and summary.json and chart.png exist and hold sane numbers.
+A small run (about a minute and a half on 2 cores: both arms to 8,000 rollouts, 600 held-out
+problems): held-out accuracy rises well beyond its noise, the DS arm ran to SARA's rollouts from
+the same start, every batch is acked, the worker reloads each published checkpoint, and the
+table, summary.json and chart.png show the measured comparison.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -19,53 +22,69 @@ pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 pytest.importorskip("sara_service")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-STEPS, GROUPS, K = 3, 8, 8
+BUDGET, K = 8_000, 8
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     cmd = [sys.executable, "-c", "from sara_service.cli import main; main()", "demo", "--quick",
-           "--out", str(out), "--no-progress"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280,
-                          stdin=subprocess.DEVNULL)
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, json.loads((out / "summary.json").read_text())
 
 
-def test_demo_trains_acks_and_publishes(demo_run):
+def test_accuracy_rises_beyond_four_standard_errors(demo_run):
+    _, _, s = demo_run
+    acc = s["accuracy"]
+    assert s["warm_start"]["source"] == "shipped"
+    gain = acc["after_rl"] - acc["before_rl"]
+    noise = math.hypot(acc["standard_error_before"], acc["standard_error_after"])
+    assert gain > 4 * noise, (acc["before_rl"], acc["after_rl"], noise)
+
+
+def test_the_dynamic_sampling_arm_ran_from_the_same_start_to_the_same_rollouts(demo_run):
     _, stdout, s = demo_run
-    assert "held-out accuracy" in stdout
+    sara, ds = s["arms"]["sara"], s["arms"]["dynamic_sampling"]
+    assert (sara["policy"], ds["policy"]) == ("sara", "dynamic_sampling")
+    assert sara["rollouts_spent"] >= BUDGET and ds["rollouts_spent"] >= BUDGET
+    # DS ran to the rollouts SARA's trainer got (a last batch may overshoot by its own size)
+    assert ds["evals"][-1]["rollouts_cum"] >= s["history"][-1]["rollouts_cum"]
+    assert sara["evals"][0]["accuracy"] == ds["evals"][0]["accuracy"] == s["accuracy"]["before_rl"]
+    # DS drops saturated groups, never abandons; SARA abandons
+    assert ds["groups_abandoned"] == 0 < sara["groups_abandoned"]
+    cmp = s["comparison"]
+    assert cmp["ds_final_accuracy"] == ds["accuracy_after"]
+    for name in ("ds_final", "halfway"):
+        reached = cmp[f"rollouts_to_{name}"]
+        assert reached["sara"] is None or 0 <= reached["sara"] <= sara["evals"][-1]["rollouts_cum"]
+        assert 0 <= reached["ds"] <= ds["evals"][-1]["rollouts_cum"]   # DS reaches its own final
+    for arm in (sara, ds):
+        assert arm["rollouts_per_mixed_group"] >= K
+    assert "Dynamic Sampling" in stdout and "rollouts to reach DS's final" in stdout
+
+
+def test_demo_trains_acks_and_publishes(demo_run):
+    _, _, s = demo_run
     rl = s["rl"]
-    assert rl["steps"] == STEPS
-    assert rl["policy_version"] == rl["published_version"] == STEPS  # one version per step
-    assert rl["batches_acked"] == STEPS and rl["every_batch_acked"]
+    steps = rl["steps"]
+    assert steps >= 1
+    assert rl["policy_version"] == rl["published_version"] == steps  # one version per step
+    assert rl["batches_acked"] == steps and rl["every_batch_acked"]
     assert rl["losses_finite"]
     assert rl["worker_policy_loads"] >= 1          # the worker reloaded published checkpoints
     assert rl["worker_errors"] == 0
-    assert [h["step"] for h in s["history"]] == list(range(1, STEPS + 1))
-    assert [h["policy_version"] for h in s["history"]] == list(range(1, STEPS + 1))
+    assert [h["step"] for h in s["history"]] == list(range(1, steps + 1))
     assert all(math.isfinite(h["loss"]) for h in s["history"])
-
-
-def test_demo_summary_numbers_are_sane(demo_run):
-    _, _, s = demo_run
-    acc, sched = s["accuracy"], s["scheduler"]
-    for key in ("before_rl", "after_rl"):
-        assert 0.0 <= acc[key] <= 1.0
-    assert acc["n"] > 0
-    assert sched["groups_delivered"] == STEPS * GROUPS
-    assert sched["groups_committed"] >= sched["groups_delivered"]
+    sched = s["scheduler"]
+    assert sched["groups_delivered"] >= steps
     assert sched["rollouts_spent"] >= sched["groups_delivered"] * K
     assert sched["tokens_spent"] >= sched["rollouts_spent"]   # at least the eos of each
-    assert 0.0 < sched["useful_fraction"] <= 1.0
-    # DS pays k for every group SARA abandons; SARA paid fewer, and the difference is counted
-    assert 0 <= sched["rollouts_saved_vs_ds"] <= sched["groups_abandoned"] * K
-    assert s["history"][-1]["rollouts_cum"] <= sched["rollouts_spent"]
-    assert s["sft"]["steps"] > 0 and s["wall_seconds"] > 0
-    assert sum(s["prompt_pool"]["bucket_weights"].values()) == pytest.approx(1.0)
+    assert 0 <= sched["rollouts_not_spent_on_abandoned_groups"] <= sched["groups_abandoned"] * K
 
 
 def test_demo_writes_chart_and_a_checkpoint_the_worker_loads(demo_run):
@@ -76,8 +95,9 @@ def test_demo_writes_chart_and_a_checkpoint_the_worker_loads(demo_run):
     from sara_trainer.checkpoint import read_trainer_state
     from sara_worker.backends.hf import HFBackend
 
+    steps = s["rl"]["steps"]
     state = read_trainer_state(s["rl"]["checkpoint"])
-    assert (state["step"], state["policy_version"]) == (STEPS, STEPS)
+    assert (state["step"], state["policy_version"]) == (steps, steps)
     import asyncio
 
     from sara_client.models import Rollout, SamplingParams
@@ -85,10 +105,10 @@ def test_demo_writes_chart_and_a_checkpoint_the_worker_loads(demo_run):
     async def generate():
         backend = HFBackend(device="cpu", seed=0)
         try:
-            await backend.load_policy(STEPS, s["rl"]["checkpoint"])
+            await backend.load_policy(steps, s["rl"]["checkpoint"])
             rollout = Rollout(rollout_id="r", group_id="g", prompt_id="p", prompt="1+2=",
                               task="arith", sampling=SamplingParams(temperature=0, max_tokens=4))
-            return await backend.generate(rollout, STEPS)
+            return await backend.generate(rollout, steps)
         finally:
             await backend.close()
 

@@ -29,8 +29,9 @@ STEPS, GROUPS, EVAL = 40, 32, 400
 
 RUN = textwrap.dedent(f"""
     import sys
-    from sara_trainer.demo import DemoConfig, run_demo
+    from sara_trainer.demo import QUICK_BUCKETS, DemoConfig, run_demo
     cfg = DemoConfig.quick_defaults(
+        buckets=QUICK_BUCKETS, rollout_budget=None, eval_every_rollouts=None, compare=False,
         sft_steps=120, rl_steps={STEPS}, batch_groups={GROUPS}, prompts=1000, lr=5e-5,
         lr_warmup_steps=5, eval_size={EVAL}, eval_every=0, advantage_estimator="gae",
         trainer_options={{"critic_lr": 1e-3}}, out=sys.argv[1], progress=False)

@@ -299,8 +299,14 @@ def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
     cfg = seen["config"]
     assert (cfg.sft_steps, cfg.rl_steps, cfg.quick, cfg.progress) == (40, 2, True, False)
     assert "50.0% -> 60.0%" in result.output
-    for args, steps, seconds in (([], 900, 210.0), (["--sft-seconds", "30"], None, 30.0),
-                                 (["--quick"], None, 25.0)):
+    # no SFT option: the shipped warm start; either option: SFT here
+    for args, steps, seconds in (([], None, None), (["--sft-seconds", "30"], None, 30.0),
+                                 (["--quick"], None, None), (["--sft-steps", "7"], 7, None)):
         result = runner.invoke(cli.app, ["demo", "--out", str(tmp_path), "--no-progress", *args])
         assert result.exit_code == 0, result.output
         assert (seen["config"].sft_steps, seen["config"].sft_seconds) == (steps, seconds)
+    assert seen["config"].compare and seen["config"].rollout_budget == 15_000
+    result = runner.invoke(cli.app, ["demo", "--out", str(tmp_path), "--no-progress",
+                                     "--no-compare", "--rollouts", "1234"])
+    assert result.exit_code == 0, result.output
+    assert (seen["config"].compare, seen["config"].rollout_budget) == (False, 1234)

@@ -1,23 +1,31 @@
-"""``sara demo``: scheduler, worker and trainer end to end on this CPU, nothing downloaded.
+"""``sara demo``: scheduler, worker and trainer end to end on this CPU, nothing downloaded, and
+SARA measured against Dynamic Sampling in the same run.
 
-1. build the tiny character-level GPT-2 (``sara_trainer.tiny``) and warm it up with SFT on the
-   ``arith`` task (``sft_steps`` of teacher forcing, or ``sft_seconds`` when steps are None);
+1. **warm start**: the tiny character-level GPT-2 shipped in the package
+   (:mod:`sara_trainer.warmstart`, checked by SHA-256, so every machine starts from the same
+   weights); it imitated arithmetic demonstrations of which a share forget the carry, so greedy
+   decoding gets many carry problems wrong while sampling often gets them right. ``sft_steps`` /
+   ``sft_seconds`` warm up here instead, ``start_from`` starts from a given checkpoint;
 2. evaluate it greedily on held-out problems (**before**);
-3. start the scheduler in-process (``sara_client.alocal``: the real app and Lua scripts on an
-   embedded Redis, policy ``sara``), load the arith training prompts (``meta.reversed_answer``);
-4. run a worker (``WorkerLoop`` with the ``hf`` backend, or ``vllm`` when asked and importable) on
-   the same event loop, and the trainer (``sara_trainer.loop.Trainer``, GRPO) on a thread, for
-   ``rl_steps`` steps; each step checkpoints and publishes a policy version the worker reloads;
-5. evaluate again (**after**), print the summary table, write ``summary.json`` and ``chart.png``.
+3. **SARA arm**: the scheduler in-process (``sara_client.alocal``: the real app and Lua scripts on
+   an embedded Redis, policy ``sara``) with the arith training prompts in the task's own mix, a
+   worker (``WorkerLoop``, ``hf`` backend, or ``vllm`` when asked) and the GRPO trainer, until the
+   rollout budget is spent; each step checkpoints and publishes a policy version the worker
+   reloads; held-out evaluations along the way;
+4. **Dynamic Sampling arm** (unless ``compare`` is off): the same from the same warm start, seed
+   and prompts, to the rollouts SARA spent;
+5. print the side-by-side table, write ``summary.json`` and ``chart.png``.
 
-The RL phase (step 3-4) is in :mod:`sara_trainer.demo_rl`.
+The arms are run by :mod:`sara_trainer.demo_arms`, one RL phase by :mod:`sara_trainer.demo_rl`,
+the comparison figures by :mod:`sara_trainer.demo_compare`.
 
-``summary.json`` holds: ``seed``, ``backend``, ``quick``, ``wall_seconds``, ``sft`` (steps,
-seconds, final loss), ``accuracy`` (``before_rl``, ``after_rl``, ``n``, by bucket),
-``rl`` (steps, policy version, batches acked, losses finite, worker policy loads, ...),
-``scheduler`` (rollouts and tokens spent, groups committed / abandoned / delivered / dropped,
-rollouts saved against Dynamic Sampling, useful fraction, rollouts per effective group), and
-``history`` (one entry per step) and ``evals`` (held-out accuracy every ``eval_every`` steps).
+``summary.json`` holds: ``seed``, ``backend``, ``quick``, ``wall_seconds``, ``warm_start``,
+``accuracy`` (``before_rl``, ``after_rl`` of the SARA arm, ``n``, standard errors, by bucket),
+``rl`` and ``scheduler`` (the SARA arm's trainer and scheduler counters), ``history`` and ``evals``
+(the SARA arm's steps and held-out evaluations), ``arms`` (each arm's measured figures and
+evaluation curve), and ``comparison`` (DS's final accuracy, the rollouts and tokens SARA needed
+to reach it, rollouts per mixed group of each) or, without the DS arm, ``estimate`` (the
+scheduler's own estimate of DS's rollouts per mixed group, named as one).
 """
 
 from __future__ import annotations
@@ -38,9 +46,9 @@ QUICK_BUCKETS = ("add1", "add2", "sub1")
 
 @dataclass
 class DemoConfig:
-    sft_steps: int | None = 900         # by steps: the same weights on any machine
-    sft_seconds: float = 210.0          # the warm start's time budget when sft_steps is None
-    rl_steps: int = 120
+    sft_steps: int | None = None        # SFT here for this many steps instead of the shipped start
+    sft_seconds: float | None = None    # or for this long
+    rl_steps: int = 1000                # a cap: the rollout budget ends each arm first
     seed: int = 0
     out: str = "./sara-demo"
     backend: str = "hf"
@@ -55,7 +63,7 @@ class DemoConfig:
     max_new_tokens: int = 8
     threads: int | None = None          # torch threads for SFT/eval; None: 2, or 1 on a busy box
     rl_threads: int = 1                 # per torch thread in RL (trainer and worker run at once)
-    time_budget_s: float = 520.0        # RL stops early so the whole demo ends within this
+    time_budget_s: float = 480.0        # each arm stops early so the whole demo ends within this
     batch_timeout_s: float = 120.0      # give up when no batch comes for this long
     progress: bool = True
     buckets: tuple[str, ...] | None = None   # None: every arith bucket
@@ -64,25 +72,27 @@ class DemoConfig:
     max_staleness: int = 1              # policy versions a delivered group may lag
     probe_per_bucket: int = 24          # prompts per bucket sampled k times to weight the pool
     bucket_floor: float = 0.01          # every bucket keeps at least this weight
-    pool: str = "probe"                 # "probe": buckets weighted as above; "flat": equal
+    pool: str = "flat"                  # "flat": the task's own mix; "probe": weighted as above
     policy: str = "sara"                # the scheduler's allocation policy
     selection: str = "epoch"            # the scheduler's prompt selection
     advantage_estimator: str = "grpo"   # the trainer's; "gae" trains a critic (PPO)
-    rollout_budget: int | None = None   # RL also stops once it has spent this many rollouts
-    eval_every_rollouts: int | None = None   # evaluate by rollouts spent instead of by steps
+    rollout_budget: int | None = 15_000  # each arm stops once it has spent this many rollouts
+    eval_every_rollouts: int | None = 1_000  # held-out evaluation every this many rollouts
+    compare: bool = True                # run Dynamic Sampling after SARA, to the same rollouts
     trainer_options: dict[str, Any] = field(default_factory=dict)  # more TrainerConfig fields
 
     @classmethod
     def quick_defaults(cls, **over: Any) -> DemoConfig:
-        """Tiny budgets for tests: easy buckets only, small batches, short SFT."""
-        base = dict(sft_steps=None, sft_seconds=25.0, rl_steps=3, prompts=300, eval_size=150, eval_every=1,
-                    batch_groups=8, lr=5e-4, buckets=QUICK_BUCKETS, batch_timeout_s=60.0,
-                    quick=True)
-        base.update({k: v for k, v in over.items() if v is not None})
+        """Small budgets for tests (about a minute and a half on 2 cores): the shipped warm
+        start, both arms to 8,000 rollouts of 16-group batches, 600 held-out problems."""
+        base = dict(rollout_budget=8_000, eval_every_rollouts=2_000, prompts=1_000,
+                    eval_size=600, batch_groups=16, lr=3e-4, batch_timeout_s=60.0, quick=True)
+        base.update(over)   # None given here means None (no budget, no evaluations, ...)
         return cls(**base)
 
 
-def _say(cfg: DemoConfig, message: str) -> None:
+def say(cfg: DemoConfig, message: str) -> None:
+    """Print a progress line (when ``cfg.progress``) and log it."""
     if cfg.progress:
         from rich.console import Console
 
@@ -90,7 +100,8 @@ def _say(cfg: DemoConfig, message: str) -> None:
     log.info(message)
 
 
-def _accuracy(model, tokenizer, eval_set, max_new_tokens: int) -> dict[str, Any]:
+def heldout_accuracy(model, tokenizer, eval_set, max_new_tokens: int) -> dict[str, Any]:
+    """Greedy accuracy on `eval_set` (overall and by bucket), leaving the model's mode as it was."""
     from .policy import greedy_accuracy
 
     was = model.training
@@ -194,92 +205,26 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         shutil.rmtree(work)
     work.mkdir(parents=True)
 
-    from .checkpoint import save_checkpoint
-    from .demo_rl import run_rl
-    from .policy import load_policy
-    from .sft import SFTResult, sft
+    from .demo_arms import build_summary, run_arms
     from .tasks.arith import make_eval_set
-    from .tiny import TinyConfig, build_tiny_policy
 
     buckets = list(cfg.buckets) if cfg.buckets else None
-    build_tiny_policy(work / "init", TinyConfig(seed=cfg.seed))
-    model, tokenizer = load_policy(work / "init")
+    model, tokenizer, start_dir, warm = warm_start(cfg, work, buckets)
     eval_set = make_eval_set(cfg.eval_size, seed=cfg.seed, buckets=buckets)
-    length = f"{cfg.sft_steps} steps" if cfg.sft_steps else f"{cfg.sft_seconds:.0f}s"
-    _say(cfg, f"[bold]1/4 SFT warm start[/] ({length}, tiny GPT-2 "
-              f"{sum(p.numel() for p in model.parameters()):,} params)")
-    if cfg.start_from:
-        model, tokenizer = load_policy(cfg.start_from)
-        sft_result = SFTResult(steps=0, seconds=0.0, answer_tokens=0, total_tokens=0)
-    else:
-        sft_result = sft(model, tokenizer, max_seconds=None if cfg.sft_steps else cfg.sft_seconds,
-                         max_steps=cfg.sft_steps, seed=cfg.seed,
-                         buckets=buckets, progress=cfg.progress)
-    sft_dir = save_checkpoint(work / "sft", model, tokenizer, step=0, policy_version=0,
-                              extra={"sft": sft_result.to_dict()})
-    _say(cfg, "[bold]2/4 held-out evaluation before RL[/]")
+    say(cfg, "[bold]2/4 held-out evaluation before RL[/]")
     eval_seconds = time.perf_counter()
-    before = _accuracy(model, tokenizer, eval_set, cfg.max_new_tokens)
+    before = heldout_accuracy(model, tokenizer, eval_set, cfg.max_new_tokens)
     eval_seconds = time.perf_counter() - eval_seconds
-    _say(cfg, f"    greedy accuracy {100 * before['accuracy']:.1f}% on {before['n']} problems")
+    say(cfg, f"    greedy accuracy {100 * before['accuracy']:.1f}% on {before['n']} problems")
     prompts, pool_weights = prompt_pool(model, tokenizer, cfg, buckets)
-    _say(cfg, "    RL prompt pool by bucket (mixed-group probe): " + ", ".join(
+    say(cfg, "    RL prompt pool by bucket: " + ", ".join(
         f"{b} {100 * w:.0f}%" for b, w in pool_weights.items()))
     del model
 
-    _say(cfg, f"[bold]3/4 RL with {cfg.policy}[/] ({cfg.rl_steps} steps, {cfg.batch_groups} "
-              f"groups x k={cfg.group_size}, backend {cfg.backend})")
     torch.set_num_threads(cfg.rl_threads)
-    # leave time for the final evaluation, the chart and shutting down
-    rl_deadline = deadline - 2 * eval_seconds - 15
-    result = asyncio.run(run_rl(cfg, work, str(sft_dir), prompts, eval_set, before, rl_deadline))
+    arms = run_arms(cfg, work, start_dir, prompts, eval_set, before, deadline, eval_seconds)
     torch.set_num_threads(threads)
-    trainer, stats, worker_counters, history, evals = result
-
-    _say(cfg, "[bold]4/4 held-out evaluation after RL[/]")
-    after = _accuracy(trainer.model, tokenizer, eval_set, cfg.max_new_tokens)
-    if not evals or evals[-1]["step"] != trainer.step:
-        last = history[-1] if history else {}
-        evals.append({"step": trainer.step, "accuracy": after["accuracy"],
-                      "rollouts_cum": last.get("rollouts_cum", 0),
-                      "tokens_cum": last.get("tokens_cum", 0)})
-    c, d = stats.counters, stats.derived
-    reports = trainer.reports
-    summary = {
-        "seed": cfg.seed, "backend": cfg.backend, "quick": cfg.quick,
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-        "wall_seconds": time.perf_counter() - started,
-        "prompt_pool": {"prompts": len(prompts), "bucket_weights": pool_weights},
-        "sft": {"steps": sft_result.steps, "seconds": sft_result.seconds,
-                "final_loss": sft_result.final_loss},
-        "accuracy": {"before_rl": before["accuracy"],
-                     "after_rl": after["accuracy"], "n": after["n"],
-                     "by_bucket_before": before["by_bucket"],
-                     "by_bucket_after": after["by_bucket"]},
-        "rl": {"steps": trainer.step, "policy_version": trainer.version,
-               "published_version": stats.policy.version,
-               "checkpoint": trainer.checkpoint,
-               "batches_acked": len(trainer.acked),
-               "every_batch_acked": [r.batch_id for r in reports] == trainer.acked,
-               "losses_finite": all(math.isfinite(r.loss) for r in reports),
-               "worker_policy_loads": worker_counters.policy_loads,
-               "worker_errors": worker_counters.errors,
-               "mean_reward_first": reports[0].mean_reward if reports else None,
-               "mean_reward_last": reports[-1].mean_reward if reports else None,
-               "seconds": sum(r.seconds for r in reports)},
-        "scheduler": {
-            "rollouts_spent": c.rollouts_completed, "tokens_spent": c.tokens_generated,
-            "rollouts_issued": c.rollouts_issued, "rollouts_cancelled": c.rollouts_cancelled,
-            "groups_opened": c.groups_opened, "groups_committed": c.groups_committed,
-            "groups_abandoned": c.groups_abandoned, "groups_delivered": c.groups_delivered,
-            "groups_dropped": c.groups_dropped_saturated + c.groups_dropped_stale,
-            "rollouts_saved_vs_ds": c.rollouts_saved_vs_ds,
-            "useful_fraction": d.useful_fraction,
-            "rollouts_per_effective_group": d.rollouts_per_effective_group,
-            "ds_rollouts_per_effective_group": d.ds_rollouts_per_effective_group,
-            "expected_false_abandons": c.expected_false_abandons},
-        "history": history, "evals": evals,
-    }
+    summary = build_summary(cfg, arms, before, warm, prompts, pool_weights)
     from .report import plot_chart, print_summary, write_json
 
     summary["files"] = {"summary": str(out / "summary.json"), "chart": str(out / "chart.png")}
@@ -288,8 +233,48 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     write_json(summary, out / "summary.json")
     if cfg.progress:
         print_summary(summary)
-        _say(cfg, f"wrote {out / 'summary.json'} and {out / 'chart.png'}")
+        say(cfg, f"wrote {out / 'summary.json'} and {out / 'chart.png'}")
     return summary
+
+
+def warm_start(cfg: DemoConfig, work: Path, buckets: list[str] | None):
+    """(model, tokenizer, directory RL starts from, description) of the warm start: a given
+    checkpoint (``start_from``), SFT here (``sft_steps`` or ``sft_seconds``), or by default the
+    warm start shipped in the package (checked against its SHA-256: the same on every machine)."""
+    from .checkpoint import save_checkpoint
+    from .policy import load_policy
+    from .sft import sft
+    from .tiny import TinyConfig, build_tiny_policy
+    from .warmstart import file_sha256, read_manifest, verified_warmstart
+
+    if cfg.start_from:
+        say(cfg, f"[bold]1/4 warm start[/] from {cfg.start_from}")
+        model, tokenizer = load_policy(cfg.start_from)
+        return model, tokenizer, str(cfg.start_from), {"source": "checkpoint",
+                                                        "path": str(cfg.start_from)}
+    if cfg.sft_steps is None and cfg.sft_seconds is None:
+        directory = verified_warmstart()
+        manifest = read_manifest(directory)
+        say(cfg, f"[bold]1/4 warm start[/]: the shipped tiny GPT-2 ({manifest['sft']['steps']} "
+                  "SFT steps on arith demonstrations, some of which forget the carry; "
+                  f"SHA-256 {manifest['sha256']['model.safetensors'][:12]})")
+        model, tokenizer = load_policy(directory)
+        return model, tokenizer, str(directory), {
+            "source": "shipped", "path": str(directory), "sha256": file_sha256(
+                directory / "model.safetensors"), "recipe": manifest["recipe"],
+            "sft": manifest["sft"]}
+    build_tiny_policy(work / "init", TinyConfig(seed=cfg.seed))
+    model, tokenizer = load_policy(work / "init")
+    length = f"{cfg.sft_steps} steps" if cfg.sft_steps else f"{cfg.sft_seconds:.0f}s"
+    say(cfg, f"[bold]1/4 SFT warm start[/] ({length}, tiny GPT-2 "
+              f"{sum(p.numel() for p in model.parameters()):,} params)")
+    result = sft(model, tokenizer, max_seconds=None if cfg.sft_steps else cfg.sft_seconds,
+                 max_steps=cfg.sft_steps, seed=cfg.seed, buckets=buckets, progress=cfg.progress)
+    sft_dir = save_checkpoint(work / "sft", model, tokenizer, step=0, policy_version=0,
+                              extra={"sft": result.to_dict()})
+    return model, tokenizer, str(sft_dir), {"source": "sft", "steps": result.steps,
+                                            "seconds": result.seconds,
+                                            "final_loss": result.final_loss}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -300,32 +285,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sft-seconds", type=float, default=None)
     p.add_argument("--sft-steps", type=int, default=None)
     p.add_argument("--rl-steps", type=int, default=None)
+    p.add_argument("--rollouts", type=int, default=None, help="rollout budget of each arm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="./sara-demo")
     p.add_argument("--backend", default="hf", choices=("hf", "vllm"))
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-compare", action="store_true", help="skip the Dynamic Sampling arm")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--start-from", default=None, help="SFT'd checkpoint: skip SFT")
     args = p.parse_args(argv)
-    cfg = make_config(args.sft_seconds, args.rl_steps, args.seed, args.out, args.backend,
-                      args.quick, not args.no_progress, sft_steps=args.sft_steps)
-    cfg.start_from = args.start_from
+    cfg = make_config(args.quick, sft_seconds=args.sft_seconds, sft_steps=args.sft_steps,
+                      rl_steps=args.rl_steps, rollout_budget=args.rollouts, seed=args.seed,
+                      out=args.out, backend=args.backend, progress=not args.no_progress,
+                      compare=not args.no_compare, start_from=args.start_from)
     return run_demo(cfg)
 
 
-def make_config(sft_seconds: float | None, rl_steps: int | None, seed: int, out: str,
-                backend: str, quick: bool, progress: bool = True,
-                sft_steps: int | None = None) -> DemoConfig:
-    """The demo's configuration from its command-line options (None: the default)."""
-    over = {"sft_seconds": sft_seconds, "rl_steps": rl_steps, "seed": seed, "out": str(out),
-            "backend": backend, "progress": progress, "sft_steps": sft_steps}
+def make_config(quick: bool = False, **options: Any) -> DemoConfig:
+    """The demo's configuration from its command-line options (an option given as None keeps
+    its default; ``quick`` starts from :meth:`DemoConfig.quick_defaults`)."""
+    given = {k: (str(v) if k == "out" else v) for k, v in options.items() if v is not None}
     if quick:
-        cfg = DemoConfig.quick_defaults(**over)
-    else:
-        cfg = DemoConfig(**{k: v for k, v in over.items() if v is not None})
-    if sft_seconds is not None and sft_steps is None:
-        cfg.sft_steps = None  # a time budget was asked for: warm up by time
-    return cfg
+        return DemoConfig.quick_defaults(**given)
+    return DemoConfig(**given)
 
 
 if __name__ == "__main__":

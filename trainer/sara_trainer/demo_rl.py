@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .demo import DemoConfig, _accuracy, _say
+from .demo import DemoConfig, heldout_accuracy, say
 
 log = logging.getLogger("sara.demo")
 
@@ -39,20 +39,18 @@ class _SyncClient:
 class _Bars:
     """Rich progress for the RL phase (or nothing)."""
 
-    def __init__(self, enabled: bool, steps: int) -> None:
+    def __init__(self, enabled: bool, total: int, label: str, unit: str) -> None:
         self._progress = None
         if not enabled:
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(
-            TextColumn("[bold]RL  "), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
-            TextColumn("v{task.fields[version]}"), TextColumn("reward {task.fields[reward]:.2f}"),
-            TextColumn("loss {task.fields[loss]:+.3f}"),
-            TextColumn("rollouts {task.fields[rollouts]}"),
-            TextColumn("held-out {task.fields[acc]}"), TimeElapsedColumn())
-        self._task = self._progress.add_task("rl", total=steps, version=0, reward=0.0, loss=0.0,
-                                             rollouts=0, acc="-")
+            TextColumn(f"[bold]RL {label}"), BarColumn(bar_width=20),
+            TextColumn("{task.completed:,}/{task.total:,} " + unit),
+            TextColumn("step {task.fields[step]}"), TextColumn("held-out {task.fields[acc]}"),
+            TimeElapsedColumn())
+        self._task = self._progress.add_task("rl", total=total, acc="-", step=0)
         self._progress.start()
 
     def update(self, **fields: Any) -> None:
@@ -84,7 +82,9 @@ def _make_backend(cfg: DemoConfig, model_dir: str):
 
 
 async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], eval_set,
-              before: dict, deadline: float) -> tuple:
+                 before: dict, deadline: float, label: str = "") -> tuple:
+    """One RL run from `sft_dir` under ``cfg.policy``; returns (trainer, the scheduler's final
+    stats, the worker's counters, one history entry per step, the held-out evaluations)."""
     import sara_client
     from sara_worker.loop import WorkerLoop
     from sara_worker.support import WorkerConfig
@@ -107,16 +107,19 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
         batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
         lr_warmup_steps=cfg.lr_warmup_steps, **cfg.trainer_options)
     history: list[dict[str, Any]] = []
-    evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0, "tokens_cum": 0}]
+    evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0, "tokens_cum": 0,
+              "seconds_cum": 0.0}]
     stop, budget_spent = threading.Event(), threading.Event()
-    bars = _Bars(cfg.progress, cfg.rl_steps)
-    totals = {"rollouts": 0, "tokens": 0, "saved": 0}
+    by_rollouts = bool(cfg.rollout_budget)
+    bars = _Bars(cfg.progress, cfg.rollout_budget if by_rollouts else cfg.rl_steps, label,
+                 "rollouts" if by_rollouts else "steps")
+    # RL wall time without the held-out evaluations (they pause the trainer, not the worker)
+    totals = {"rollouts": 0, "tokens": 0, "eval_s": 0.0, "start": time.perf_counter()}
 
     def on_step(report) -> None:
         st = report.batch_stats
         totals["rollouts"] += st.get("rollouts_spent", 0)
         totals["tokens"] += st.get("tokens_spent", 0)
-        totals["saved"] += st.get("rollouts_saved_vs_ds", 0)
         entry = {"step": report.step, "policy_version": report.policy_version,
                  "mean_reward": report.mean_reward, "loss": report.loss,
                  "groups": report.groups, "rollouts": report.rollouts,
@@ -125,25 +128,28 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
                  "rollouts_spent": st.get("rollouts_spent", 0),
                  "groups_abandoned": st.get("groups_abandoned", 0),
                  "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"],
-                 "saved_vs_ds_cum": totals["saved"], "seconds": report.seconds,
+                 "seconds": report.seconds,
+                 "seconds_cum": time.perf_counter() - totals["start"] - totals["eval_s"],
                  "ratio_mean": report.metrics.get("ratio_mean"),
                  "clip_frac": report.metrics.get("clip_frac"),
                  "staleness_mean": report.metrics.get("staleness_mean"),
                  "staleness_max": report.metrics.get("staleness_max")}
         if _eval_due(cfg, report.step, totals["rollouts"], evals):
-            value = _accuracy(trainer.model, trainer.tokenizer, eval_set,
-                              cfg.max_new_tokens)["accuracy"]
+            eval_started = time.perf_counter()
+            value = heldout_accuracy(trainer.model, trainer.tokenizer, eval_set,
+                                     cfg.max_new_tokens)["accuracy"]
+            totals["eval_s"] += time.perf_counter() - eval_started
             evals.append({"step": report.step, "accuracy": value,
-                          "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"]})
+                          "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"],
+                          "seconds_cum": entry["seconds_cum"]})
             entry["heldout_accuracy"] = value
         if cfg.rollout_budget and totals["rollouts"] >= cfg.rollout_budget:
             budget_spent.set()
             stop.set()
         acc = f"{100 * evals[-1]['accuracy']:.1f}%"
         history.append(entry)
-        bars.update(completed=report.step, version=report.policy_version,
-                    reward=report.mean_reward, loss=report.loss, rollouts=totals["rollouts"],
-                    acc=acc)
+        bars.update(completed=min(totals["rollouts"], cfg.rollout_budget) if by_rollouts
+                    else report.step, step=report.step, acc=acc)
 
     loop = asyncio.get_running_loop()
     backend = _make_backend(cfg, sft_dir)
@@ -177,7 +183,7 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
     if trainer.step < cfg.rl_steps and out_of_time:
         log.warning("time budget reached: RL stopped after %d of %d steps", trainer.step,
                     cfg.rl_steps)
-        _say(cfg, f"    time budget reached: RL stopped after {trainer.step} of {cfg.rl_steps} "
+        say(cfg, f"    time budget reached: RL stopped after {trainer.step} of {cfg.rl_steps} "
                   "steps")
     elif trainer.step < cfg.rl_steps and not budget_spent.is_set():
         raise RuntimeError(f"RL stopped at step {trainer.step} of {cfg.rl_steps}: no batch for "

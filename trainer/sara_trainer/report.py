@@ -24,45 +24,96 @@ def _num(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _saved(sched: dict[str, Any]) -> str:
-    """Saved rollouts, and their share of what DS would have paid for the same groups (every
-    opened group run to k: SARA's spend plus k - n for each abandoned group)."""
-    saved, spent = sched["rollouts_saved_vs_ds"], sched["rollouts_spent"]
-    if not saved or spent + saved <= 0:
-        return _num(saved)
-    return f"{saved:,} ({100 * saved / (spent + saved):.0f}% of DS's {spent + saved:,})"
+def _acc(arm: dict[str, Any], n: int) -> str:
+    from .demo_compare import standard_error
+
+    value = arm["accuracy_after"]
+    return f"{100 * value:.1f}% ± {100 * standard_error(value, n):.1f}"
+
+
+def _reach(cmp: dict[str, Any], key: str) -> tuple[str, str]:
+    """(SARA, DS) cells for the rollouts or tokens spent to reach a target."""
+    got = cmp[key]
+    sara = "not reached" if got["sara"] is None else f"{got['sara']:,.0f}"
+    if got["ratio"] is not None:
+        sara += f" ({got['ratio']:.2f}x DS)"
+    return sara, "not reached" if got["ds"] is None else f"{got['ds']:,.0f}"
+
+
+def comparison_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, SARA, Dynamic Sampling) rows of the side-by-side table: all measured here."""
+    sara, ds = summary["arms"]["sara"], summary["arms"]["dynamic_sampling"]
+    cmp, acc = summary["comparison"], summary["accuracy"]
+    n = acc["n"]
+    before = f"{100 * acc['before_rl']:.1f}% ± {100 * acc['standard_error_before']:.1f}"
+
+    def both(key: str) -> tuple[str, str]:
+        return _num(sara[key]), _num(ds[key])
+
+    return [
+        ("held-out greedy accuracy, warm start", before, before),
+        ("held-out greedy accuracy after RL (± 1 s.e.)", _acc(sara, n), _acc(ds, n)),
+        ("change", f"{100 * (sara['accuracy_after'] - acc['before_rl']):+.1f} points",
+         f"{100 * (ds['accuracy_after'] - acc['before_rl']):+.1f} points"),
+        ("rollouts spent", *both("rollouts_spent")),
+        ("tokens spent", *both("tokens_spent")),
+        ("RL steps (batches of mixed groups)", *both("steps")),
+        ("rollouts per mixed group", *both("rollouts_per_mixed_group")),
+        (f"rollouts to reach DS's final {100 * cmp['targets']['ds_final']:.1f}%",
+         *_reach(cmp, "rollouts_to_ds_final")),
+        ("tokens to reach it", *_reach(cmp, "tokens_to_ds_final")),
+        (f"rollouts to reach {100 * cmp['targets']['halfway']:.1f}% (halfway)",
+         *_reach(cmp, "rollouts_to_halfway")),
+        ("groups committed / abandoned",
+         f"{sara['groups_committed']:,} / {sara['groups_abandoned']:,}",
+         f"{ds['groups_delivered']:,} kept of {ds['groups_opened']:,}"),
+        ("wall time of the arm", f"{sara['seconds']:.0f}s", f"{ds['seconds']:.0f}s"),
+    ]
 
 
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) pairs of the summary table, in order."""
+    """(label, value) pairs of the single-arm table (``--no-compare``), in order."""
     acc, sched = summary["accuracy"], summary["scheduler"]
     delta = acc["after_rl"] - acc["before_rl"]
-    rows = [
-        ("held-out accuracy after SFT (before RL)", _pct(acc["before_rl"])),
-        ("held-out accuracy after RL", _pct(acc["after_rl"])),
+    est = summary.get("estimate") or {}
+    ds_est = "-"
+    if est.get("ds_rollouts_per_mixed_group") is not None:
+        ds_est = (f"{est['ds_rollouts_per_mixed_group']:.1f} (bracket "
+                  f"{_num(est.get('low'))}-{_num(est.get('high'))})")
+    return [
+        ("held-out greedy accuracy, warm start", _pct(acc["before_rl"])),
+        ("held-out greedy accuracy after RL",
+         f"{_pct(acc['after_rl'])} ± {100 * acc['standard_error_after']:.1f}"),
         ("change", f"{100 * delta:+.1f} points"),
         ("held-out problems (greedy)", _num(acc["n"])),
         ("RL steps (policy version)",
          f"{summary['rl']['steps']} (v{summary['rl']['policy_version']})"),
         ("rollouts spent", _num(sched["rollouts_spent"])),
         ("tokens spent", _num(sched["tokens_spent"])),
-        ("groups committed", _num(sched["groups_committed"])),
-        ("groups abandoned", _num(sched["groups_abandoned"])),
-        ("groups delivered (effective)", _num(sched["groups_delivered"])),
-        ("rollouts saved vs Dynamic Sampling", _saved(sched)),
-        ("rollouts per effective group", _num(sched["rollouts_per_effective_group"])),
-        ("useful fraction", _pct(sched["useful_fraction"])),
-        ("SFT warm start", f"{summary['sft']['steps']} steps, {summary['sft']['seconds']:.0f}s"),
+        ("groups committed / abandoned",
+         f"{sched['groups_committed']:,} / {sched['groups_abandoned']:,}"),
+        ("rollouts per mixed group", _num(sched["rollouts_per_effective_group"])),
+        ("DS rollouts per mixed group (ESTIMATE, scheduler's)", ds_est),
         ("wall time", f"{summary['wall_seconds']:.0f}s"),
     ]
-    return rows
 
 
 def render_table(summary: dict[str, Any]):
-    """A ``rich.table.Table`` of the summary."""
+    """A ``rich.table.Table`` of the summary: side by side when the DS arm ran."""
     from rich.table import Table
 
-    table = Table(title=f"SARA demo (seed {summary['seed']}, backend {summary['backend']})")
+    title = f"SARA demo (seed {summary['seed']}, backend {summary['backend']})"
+    if summary.get("comparison"):
+        table = Table(title=title, caption="every figure measured in this run, same warm start, "
+                      "seed, prompts and rollout budget; ± is one binomial standard error")
+        table.add_column("metric")
+        table.add_column("SARA", justify="right")
+        table.add_column("Dynamic Sampling", justify="right")
+        for row in comparison_rows(summary):
+            table.add_row(*row)
+        return table
+    table = Table(title=title, caption="--no-compare: no DS arm ran; the DS figure is the "
+                  "scheduler's estimate, not a measurement")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for label, value in summary_rows(summary):
@@ -93,38 +144,40 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+ARM_STYLE = {"sara": ("SARA", "tab:blue"), "dynamic_sampling": ("Dynamic Sampling", "tab:red")}
+
+
 def plot_chart(summary: dict[str, Any], path: str | Path) -> Path:
-    """Two panels over RL steps: held-out greedy accuracy and batch mean reward; cumulative
-    rollouts spent and rollouts saved against Dynamic Sampling."""
+    """Held-out greedy accuracy of each arm against rollouts spent (left) and tokens spent
+    (right), with DS's final accuracy and where each arm first reached it (dotted)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    history = summary["history"]
-    evals = summary["evals"]
-    steps = [h["step"] for h in history]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    acc_line = top.plot([e["step"] for e in evals], [100 * e["accuracy"] for e in evals], "o-",
-                        color="tab:blue", label="held-out greedy accuracy (left)")
-    top.set_ylabel("held-out accuracy, %")
-    top.set_title("SARA demo: accuracy and rollouts over RL steps")
-    top.grid(alpha=0.3)
-    right = top.twinx()  # sampled reward on effective groups lives on another scale
-    reward_line = right.plot(steps, [100 * h["mean_reward"] for h in history], "-",
-                             color="tab:orange", alpha=0.6,
-                             label="batch mean reward, sampled (right)")
-    right.set_ylabel("batch mean reward, %")
-    lines = acc_line + reward_line
-    top.legend(lines, [line.get_label() for line in lines], loc="upper left", fontsize="small")
-    bottom.plot(steps, [h["rollouts_cum"] for h in history], "-", color="tab:green",
-                label="rollouts spent (cumulative)")
-    bottom.plot(steps, [h["saved_vs_ds_cum"] for h in history], "--", color="tab:red",
-                label="rollouts saved vs DS (cumulative)")
-    bottom.set_xlabel("RL step")
-    bottom.set_ylabel("rollouts")
-    bottom.grid(alpha=0.3)
-    bottom.legend(loc="upper left")
+    fig, panels = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    cmp = summary.get("comparison")
+    for panel, key, unit in ((panels[0], "rollouts_cum", "rollouts"),
+                             (panels[1], "tokens_cum", "tokens")):
+        for name, arm in summary["arms"].items():
+            label, color = ARM_STYLE.get(name, (name, "tab:gray"))
+            evals = arm["evals"]
+            panel.plot([e[key] for e in evals], [100 * e["accuracy"] for e in evals], "o-",
+                       color=color, label=label, markersize=4)
+        if cmp:
+            panel.axhline(100 * cmp["ds_final_accuracy"], color="tab:gray", ls=":", lw=1,
+                          label="DS's final accuracy")
+            reached = cmp[f"{unit}_to_ds_final"]
+            for arm, color in (("sara", "tab:blue"), ("ds", "tab:red")):
+                if reached[arm] is not None:
+                    panel.axvline(reached[arm], color=color, ls=":", lw=1)
+        panel.set_xlabel(f"{unit} spent")
+        panel.grid(alpha=0.3)
+        panel.legend(loc="lower right", fontsize="small")
+    panels[0].set_ylabel("held-out greedy accuracy, %")
+    n = summary["accuracy"]["n"]
+    fig.suptitle(f"sara demo, seed {summary['seed']}: held-out accuracy ({n:,} problems) "
+                 "against what each method spent")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
