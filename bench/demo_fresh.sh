@@ -30,12 +30,13 @@ print(f"  held-out greedy accuracy (n={n}): {100 * acc['before_rl']:.1f}% -> SAR
       f"{100 * acc['after_rl']:.1f}% ({100 * gain:+.1f} points, {gain / se:.1f} s.e. of the "
       f"difference)" + (f"; DS {100 * ds['accuracy_after']:.1f}%" if ds else ""))
 if ds:
-    reached = cmp.get("sara_rollouts_to_ds_final")
-    ratio = cmp.get("rollouts_ratio_to_ds_final")
-    print(f"  rollouts: SARA {sara['rollouts_spent']:,}, DS {ds['rollouts_spent']:,}; SARA reached "
-          f"DS's final {100 * cmp['ds_final_accuracy']:.1f}% after "
-          + (f"{reached:,.0f} ({100 * ratio:.0f}% of DS's)" if reached is not None
-             else "- (not reached)"))
+    print(f"  rollouts spent: SARA {sara['rollouts_spent']:,}, DS {ds['rollouts_spent']:,}")
+    fmt = lambda v: "not reached" if v is None else f"{v:,.0f}"
+    for name in ("ds_final", "halfway"):
+        got = cmp[f"rollouts_to_{name}"]
+        ratio = "" if got["ratio"] is None else f" ({got['ratio']:.2f}x)"
+        print(f"  rollouts to {100 * cmp['targets'][name]:.1f}% ({name}): SARA {fmt(got['sara'])}"
+              f"{ratio}, DS {fmt(got['ds'])}")
     print(f"  rollouts per mixed group: SARA {sara['rollouts_per_mixed_group']:.1f}, DS "
           f"{ds['rollouts_per_mixed_group']:.1f}; RL wall: SARA {sara['seconds']:.0f} s, DS "
           f"{ds['seconds']:.0f} s")
