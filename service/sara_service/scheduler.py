@@ -99,6 +99,8 @@ class Scheduler:
         """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
         s = self.settings
         if s.prior == "uniform" and s.selection == "epoch":
+            if self._prior_plan.skip:   # Settings refuse this; never open a group issuing nothing
+                return [], len(pids)
             return [(_new_id("g"), pid, self._prior_plan) for pid in pids], 0
         version = (await self.store.get_policy()).version
         posts = await self.store.posteriors(pids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
@@ -65,6 +65,24 @@ class Settings(BaseSettings):
     trainer_token: SecretStr | None = None
     operator_token: SecretStr | None = None
     admin_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _some_prompt_can_open(self) -> Settings:
+        """Refuse a configuration whose plan for a prompt never seen before abandons it before
+        its first rollout: every new prompt would be skipped and no group would ever open."""
+        from .allocation import p_eff, plan_group
+
+        plan = plan_group(self.policy, self.group_size, self.prior_alpha, self.prior_beta,
+                          self.tau_low)
+        if plan.skip:
+            start = p_eff(0, 0, self.group_size, self.prior_alpha, self.prior_beta)
+            raise ValueError(
+                f"every new prompt would be skipped: with k={self.group_size} and the prior "
+                f"Beta({self.prior_alpha:g}, {self.prior_beta:g}) (prior={self.prior}) the chance "
+                f"that a group of k comes out mixed is {start:.3f} before any rollout, below "
+                f"tau_low={self.tau_low:g}; lower SARA_TAU_LOW, raise SARA_GROUP_SIZE or "
+                "choose a broader prior")
+        return self
 
     @property
     def auth_enabled(self) -> bool:
