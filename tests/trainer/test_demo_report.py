@@ -1,0 +1,63 @@
+"""The demo's table: side by side when the DS arm ran, and an estimate named as one without it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("rich")
+
+from sara_trainer.demo_compare import compare  # noqa: E402
+from sara_trainer.report import comparison_rows, render_table, summary_rows  # noqa: E402
+
+
+def _curve(accs):
+    return [{"accuracy": a, "rollouts_cum": 1000 * i, "tokens_cum": 4000 * i, "step": i}
+            for i, a in enumerate(accs)]
+
+
+def _arm(acc, evals, spent, delivered):
+    return {"accuracy_after": acc, "rollouts_spent": spent, "tokens_spent": 4 * spent,
+            "steps": 5, "rollouts_per_mixed_group": spent / delivered, "groups_committed": 10,
+            "groups_abandoned": 30, "groups_delivered": delivered, "groups_opened": 50,
+            "seconds": 12.0, "evals": evals}
+
+
+def _summary(with_ds: bool):
+    sara = _arm(0.70, _curve([0.5, 0.62, 0.70]), 2000, 100)
+    ds = _arm(0.66, _curve([0.5, 0.58, 0.66]), 2000, 80)
+    acc = {"before_rl": 0.5, "after_rl": 0.70, "n": 2000, "standard_error_before": 0.011,
+           "standard_error_after": 0.010}
+    summary = {"seed": 0, "backend": "hf", "accuracy": acc, "wall_seconds": 60.0,
+               "rl": {"steps": 5, "policy_version": 5},
+               "scheduler": {"rollouts_spent": 2000, "tokens_spent": 8000,
+                             "groups_committed": 100, "groups_abandoned": 300,
+                             "rollouts_per_effective_group": 20.0},
+               "arms": {"sara": sara}, "comparison": None,
+               "estimate": {"ds_rollouts_per_mixed_group": 23.4, "low": 21.0, "high": 26.0}}
+    if with_ds:
+        summary["arms"]["dynamic_sampling"] = ds
+        summary["comparison"] = compare(0.5, 2000, sara, ds)
+    return summary
+
+
+def test_side_by_side_rows_come_from_both_arms():
+    rows = {label: (a, b) for label, a, b in comparison_rows(_summary(True))}
+    assert rows["held-out greedy accuracy after RL (± 1 s.e.)"] == ("70.0% ± 1.0", "66.0% ± 1.1")
+    # DS first reached its final 66% at 2,000 rollouts; SARA at 1,500: 0.75x
+    assert rows["rollouts to reach DS's final 66.0%"] == ("1,500 (0.75x DS)", "2,000")
+    assert rows["rollouts per mixed group"] == ("20", "25")
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(render_table(_summary(True)))
+    assert "every figure measured in this run" in " ".join(console.export_text().split())
+
+
+def test_without_the_ds_arm_the_ds_figure_is_named_an_estimate():
+    rows = dict(summary_rows(_summary(False)))
+    assert rows["DS rollouts per mixed group (ESTIMATE, scheduler's)"] == "23.4 (bracket 21-26)"
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(render_table(_summary(False)))
+    assert "not a measurement" in " ".join(console.export_text().split())
