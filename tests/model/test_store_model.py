@@ -19,7 +19,8 @@ learns from the answers; everything else it predicts, and after every step it ch
 - no group delivered in two different batches; every delivered group mixed, with exactly k
   rollouts, whose rewards are the ones reported first;
 - a redelivered batch keeps its id and its content;
-- counters equal the model's and never decrease; group states and the ready queue match.
+- counters equal the model's and never decrease; group states and the ready queue match;
+- no group holds zero issued rollouts (such a group could never resolve).
 
 The store is async: each state machine runs it on a private event loop (run_until_complete) and
 flushes Redis synchronously when it starts.
@@ -590,6 +591,8 @@ class StoreMachine(RuleBasedStateMachine):
             filled = sorted(int(f[2:]) for f in row if f.startswith("r:"))
             assert filled == sorted(g.rewards) and len(filled) == int(row["done"]) <= K
             assert (int(row["s"]), int(row["f"]), int(row["issued"])) == (g.s, g.f, g.issued)
+            # no group is ever open with nothing issued: it could never resolve
+            assert int(row["issued"]) >= 1, (gid, row)
             total_done += g.done
         assert total_done == get("rollouts_completed")
         assert [_s(e).split("|")[0] for e in ready] == self.ready
