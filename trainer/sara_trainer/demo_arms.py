@@ -78,17 +78,45 @@ def _estimate(stats: Any) -> dict[str, Any]:
             "what": "the scheduler's estimate from its learned posteriors, not a measurement"}
 
 
+def _rl_figures(trainer: Any, stats: Any, counters: Any) -> dict[str, Any]:
+    """The SARA arm's trainer figures: steps, versions, acks, losses, worker reloads."""
+    import math
+
+    reports = trainer.reports
+    return {"steps": trainer.step, "policy_version": trainer.version,
+            "published_version": stats.policy.version, "checkpoint": trainer.checkpoint,
+            "batches_acked": len(trainer.acked),
+            "every_batch_acked": [r.batch_id for r in reports] == trainer.acked,
+            "losses_finite": all(math.isfinite(r.loss) for r in reports),
+            "worker_policy_loads": counters.policy_loads, "worker_errors": counters.errors,
+            "mean_reward_first": reports[0].mean_reward if reports else None,
+            "mean_reward_last": reports[-1].mean_reward if reports else None,
+            "seconds": sum(r.seconds for r in reports)}
+
+
+def _scheduler_figures(stats: Any) -> dict[str, Any]:
+    """The SARA arm's scheduler counters and derived figures."""
+    c, d = stats.counters, stats.derived
+    return {
+        "rollouts_spent": c.rollouts_completed, "tokens_spent": c.tokens_generated,
+        "rollouts_issued": c.rollouts_issued, "rollouts_cancelled": c.rollouts_cancelled,
+        "groups_opened": c.groups_opened, "groups_committed": c.groups_committed,
+        "groups_abandoned": c.groups_abandoned, "groups_delivered": c.groups_delivered,
+        "groups_dropped": c.groups_dropped_saturated + c.groups_dropped_stale,
+        # k - issued summed over abandoned groups: what abandoning did not spend, which is
+        # not what it saved (false abandons cost mixed groups); the DS arm measures that
+        "rollouts_not_spent_on_abandoned_groups": c.rollouts_saved_vs_ds,
+        "useful_fraction": d.useful_fraction,
+        "rollouts_per_effective_group": d.rollouts_per_effective_group,
+        "expected_false_abandons": c.expected_false_abandons}
+
+
 def build_summary(cfg: DemoConfig, arms: dict[str, dict[str, Any]], before: dict[str, Any],
                   warm: dict[str, Any], prompts: list[dict], pool_weights: dict[str, float]
                   ) -> dict[str, Any]:
     """The demo's ``summary.json`` (see :mod:`sara_trainer.demo` for its keys)."""
-    import math
-
     sara = arms["sara"]
-    trainer, stats, after = sara["trainer"], sara["stats"], sara["after"]
-    c, d = stats.counters, stats.derived
-    reports = trainer.reports
-    n = after["n"]
+    after, n = sara["after"], sara["after"]["n"]
     summary: dict[str, Any] = {
         "seed": cfg.seed, "backend": cfg.backend, "quick": cfg.quick,
         "config": {k: (list(v) if isinstance(v, tuple) else v)
@@ -100,28 +128,8 @@ def build_summary(cfg: DemoConfig, arms: dict[str, dict[str, Any]], before: dict
                      "standard_error_after": standard_error(after["accuracy"], n),
                      "by_bucket_before": before["by_bucket"],
                      "by_bucket_after": after["by_bucket"]},
-        "rl": {"steps": trainer.step, "policy_version": trainer.version,
-               "published_version": stats.policy.version, "checkpoint": trainer.checkpoint,
-               "batches_acked": len(trainer.acked),
-               "every_batch_acked": [r.batch_id for r in reports] == trainer.acked,
-               "losses_finite": all(math.isfinite(r.loss) for r in reports),
-               "worker_policy_loads": sara["counters"].policy_loads,
-               "worker_errors": sara["counters"].errors,
-               "mean_reward_first": reports[0].mean_reward if reports else None,
-               "mean_reward_last": reports[-1].mean_reward if reports else None,
-               "seconds": sum(r.seconds for r in reports)},
-        "scheduler": {
-            "rollouts_spent": c.rollouts_completed, "tokens_spent": c.tokens_generated,
-            "rollouts_issued": c.rollouts_issued, "rollouts_cancelled": c.rollouts_cancelled,
-            "groups_opened": c.groups_opened, "groups_committed": c.groups_committed,
-            "groups_abandoned": c.groups_abandoned, "groups_delivered": c.groups_delivered,
-            "groups_dropped": c.groups_dropped_saturated + c.groups_dropped_stale,
-            # k - issued summed over abandoned groups: what abandoning did not spend, which is
-            # not what it saved (false abandons cost mixed groups); the DS arm measures that
-            "rollouts_not_spent_on_abandoned_groups": c.rollouts_saved_vs_ds,
-            "useful_fraction": d.useful_fraction,
-            "rollouts_per_effective_group": d.rollouts_per_effective_group,
-            "expected_false_abandons": c.expected_false_abandons},
+        "rl": _rl_figures(sara["trainer"], sara["stats"], sara["counters"]),
+        "scheduler": _scheduler_figures(sara["stats"]),
         "history": sara["history"], "evals": sara["evals"],
         "arms": {name: arm["figures"] for name, arm in arms.items()},
     }
@@ -131,5 +139,5 @@ def build_summary(cfg: DemoConfig, arms: dict[str, dict[str, Any]], before: dict
         summary["ds_history"] = arms["dynamic_sampling"]["history"]
     else:
         summary["comparison"] = None
-        summary["estimate"] = _estimate(stats)
+        summary["estimate"] = _estimate(sara["stats"])
     return summary
