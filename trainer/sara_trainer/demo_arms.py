@@ -34,8 +34,7 @@ def _one_arm(cfg: DemoConfig, work: Path, start_dir: str, prompts: list[dict], e
     rl_deadline = deadline - eval_seconds - 5
     trainer, stats, counters, history, evals = asyncio.run(
         run_rl(cfg, work, start_dir, prompts, eval_set, before, rl_deadline, label=label))
-    after = heldout_accuracy(trainer.model, eval_set=eval_set, tokenizer=trainer.tokenizer,
-                      max_new_tokens=cfg.max_new_tokens)
+    after = heldout_accuracy(trainer.model, trainer.tokenizer, eval_set, cfg.max_new_tokens)
     last = history[-1] if history else {}
     if not evals or evals[-1]["step"] != trainer.step:
         evals.append({"step": trainer.step, "accuracy": after["accuracy"],
