@@ -396,7 +396,9 @@ def step_record(step: int, batch, version: int, metrics: dict[str, Any], rounds:
         "batch_policy_version": batch.policy_version, "rollouts_spent": st.rollouts_spent,
         "rollouts_cancelled": st.rollouts_cancelled, "groups_committed": st.groups_committed,
         "groups_abandoned": st.groups_abandoned, "groups_dropped": st.groups_dropped,
-        "rollouts_saved_vs_ds": st.rollouts_saved_vs_ds, "ended_early": st.ended_early,
+        "rollouts_not_spent_on_abandoned_groups": st.rollouts_not_spent_on_abandoned_groups,
+        "ds_rollouts_per_effective_group": st.ds_rollouts_per_effective_group,
+        "ended_early": st.ended_early,
         "groups_delivered": len(batch.groups),
         # effective: at least one success and one failure (reward >= 0.5 is a success)
         "groups_effective": sum(0 < sum(r >= 0.5 for r in rs) < len(rs) for rs in group_rewards),
@@ -409,7 +411,8 @@ def print_step(r: dict[str, Any]) -> None:
     dropped = f" dropped {r['groups_dropped']:2d}" if r["groups_dropped"] else ""
     early = " (early)" if r["ended_early"] else ""
     print(f"step {r['step']}: v{r['policy_version'] - 1}->v{r['policy_version']}  "
-          f"rollouts spent {r['rollouts_spent']:4d} (saved vs DS {r['rollouts_saved_vs_ds']:3d})  "
+          f"rollouts spent {r['rollouts_spent']:4d} "
+          f"(not spent on abandoned groups {r['rollouts_not_spent_on_abandoned_groups']:3d})  "
           f"groups committed {r['groups_committed']:2d} abandoned {r['groups_abandoned']:3d}"
           f"{dropped}  groups delivered {r['groups_delivered']:2d}{early} "
           f"({r['groups_effective']} effective)  "
@@ -487,9 +490,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                    + counters.groups_dropped_stale),
                 "groups_delivered": counters.groups_delivered,
                 "groups_effective_trained": sum(s["groups_effective"] for s in steps),
-                "rollouts_saved_vs_ds": counters.rollouts_saved_vs_ds,
+                "rollouts_not_spent_on_abandoned_groups":
+                    counters.rollouts_not_spent_on_abandoned_groups,
                 "rollouts_per_effective_group": derived.rollouts_per_effective_group,
+                # estimates from audit sampling, each with its 95% interval
                 "ds_rollouts_per_effective_group": derived.ds_rollouts_per_effective_group,
+                "ds_rollouts_per_effective_group_95": [derived.ds_rollouts_per_effective_group_low,
+                                                       derived.ds_rollouts_per_effective_group_high],
+                "net_saving_vs_ds": derived.net_saving_vs_ds,
+                "net_saving_vs_ds_95": [derived.net_saving_vs_ds_low,
+                                        derived.net_saving_vs_ds_high],
                 "useful_fraction": derived.useful_fraction,
             },
             "setup_seconds": round(setup_seconds, 2),

@@ -215,7 +215,14 @@ class BatchStats(_Answer):
     groups_committed: int = 0
     groups_abandoned: int = 0
     groups_dropped: int = 0
-    rollouts_saved_vs_ds: int = 0
+    rollouts_not_spent_on_abandoned_groups: int = Field(
+        0, description="k - issued summed over groups abandoned in this window (not a saving: "
+                       "false abandons cost mixed groups elsewhere).")
+    ds_rollouts_per_effective_group: float | None = Field(
+        None, description="Run-so-far estimate, when the batch was read, of what Dynamic "
+                          "Sampling would spend per effective group (audit sampling).")
+    ds_rollouts_per_effective_group_low: float | None = Field(None, description="95% interval.")
+    ds_rollouts_per_effective_group_high: float | None = Field(None, description="95% interval.")
     ended_early: bool = Field(False, description="Closed by max_rollouts_per_batch.")
 
 
@@ -298,7 +305,16 @@ class Counters(_Answer):
     groups_delivered: int = 0
     groups_acked: int = 0
     rollouts_delivered: int = Field(0, description="Rollouts inside delivered groups.")
-    rollouts_saved_vs_ds: int = Field(0, description="Sum over abandoned groups of k - issued.")
+    rollouts_not_spent_on_abandoned_groups: int = Field(
+        0, description="Sum over abandoned groups of k - issued. Not a saving against DS: the "
+                       "mixed groups that false abandons lose are not in it.")
+    groups_completed_pure: int = Field(
+        0, description="Groups that reached k all-fail or all-success (delivered or dropped).")
+    groups_audited: int = Field(
+        0, description="Groups SARA would have abandoned that ran on to k to be measured.")
+    audits_mixed: int = Field(0, description="Audited groups that ended mixed (delivered).")
+    audits_pure: int = Field(0, description="Audited groups that ended all-fail/all-success.")
+    audit_rollouts: int = Field(0, description="Rollouts issued past abandonment by audits.")
     expected_false_abandons: float = Field(
         0.0, description="Sum of p_eff under the group's prior at abandonment: the bound.")
     estimated_false_abandons: float = Field(
@@ -317,15 +333,33 @@ class Derived(_Answer):
     useful_fraction: float | None = Field(description="Rollouts in delivered groups / completed.")
     rollouts_per_effective_group: float | None
     ds_rollouts_per_effective_group: float | None = Field(
-        description="What Dynamic Sampling would have spent: k x groups decided / (committed + "
-                    "estimated false abandons).")
+        description="ESTIMATE of what Dynamic Sampling would spend per effective group on the "
+                    "same prompts: k / P(mixed), P(mixed) from the decided groups and the audited "
+                    "ones (None while groups were abandoned and none audited yet).")
     ds_rollouts_per_effective_group_low: float | None = Field(
-        None, description="DS at its best: every prior-expected false abandon was real.")
+        None, description="Lower end of its 95% interval.")
     ds_rollouts_per_effective_group_high: float | None = Field(
-        None, description="DS at its worst: no abandoned group would have been mixed.")
+        None, description="Upper end of its 95% interval (None while unbounded).")
+    net_saving_vs_ds: float | None = Field(
+        None, description="ESTIMATE: 1 - rollouts per mixed group here / DS's.")
+    net_saving_vs_ds_low: float | None = Field(None, description="Lower end of its 95% interval.")
+    net_saving_vs_ds_high: float | None = Field(None, description="Upper end of its 95% interval.")
+    net_rollouts_saved_vs_ds: float | None = Field(
+        None, description="ESTIMATE: what DS would have spent on the mixed groups committed here, "
+                          "less the rollouts completed here.")
+    net_rollouts_saved_vs_ds_low: float | None = Field(None, description="95% interval, low.")
+    net_rollouts_saved_vs_ds_high: float | None = Field(None, description="95% interval, high.")
+    false_abandon_rate: float | None = Field(
+        None, description="Measured: audited would-abandon groups that ended mixed / audited.")
+    false_abandon_rate_low: float | None = Field(None, description="Wilson 95% interval, low.")
+    false_abandon_rate_high: float | None = Field(None, description="Wilson 95% interval, high.")
+    audit_cost_fraction: float | None = Field(
+        None, description="Rollouts issued past abandonment by audits / rollouts completed.")
     abandon_rate: float | None
-    expected_false_abandon_rate: float | None
-    estimated_false_abandon_rate: float | None = None
+    expected_false_abandon_rate: float | None = Field(
+        description="The bound: mean prior p_eff at abandonment.")
+    estimated_false_abandon_rate: float | None = Field(
+        None, description="Model-based: mean P(mixed) under each prompt's learned posterior.")
 
 
 class Queues(_Answer):

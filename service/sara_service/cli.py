@@ -197,8 +197,22 @@ def load(
 # --- stats ---------------------------------------------------------------------------------------
 
 _COUNTERS = ("rollouts_issued", "rollouts_completed", "rollouts_cancelled", "groups_opened",
-             "groups_committed", "groups_abandoned", "groups_delivered", "rollouts_saved_vs_ds",
-             "expected_false_abandons", "batches_formed", "batches_acked")
+             "groups_committed", "groups_abandoned", "groups_delivered", "groups_audited",
+             "audits_mixed", "audits_pure", "audit_rollouts",
+             "rollouts_not_spent_on_abandoned_groups", "expected_false_abandons",
+             "batches_formed", "batches_acked")
+
+
+def _estimate_line(derived: dict) -> str:
+    """The DS comparison in one line, each estimate with its 95% interval."""
+    def ci(name: str, pct: bool = False) -> str:
+        point, low, high = (derived.get(name + suffix) for suffix in ("", "_low", "_high"))
+        show = (lambda v: "-" if v is None else f"{100 * v:+.1f}%") if pct else _fmt
+        return f"{show(point)} (95% CI {show(low)} to {show(high) if high is not None else 'inf'})"
+
+    return (f"ESTIMATE vs Dynamic Sampling: net saving {ci('net_saving_vs_ds', True)}; DS would "
+            f"spend {ci('ds_rollouts_per_effective_group')} rollouts per effective group; "
+            f"measured false-abandon rate {ci('false_abandon_rate')}")
 
 
 def _fmt(v: Any) -> str:
@@ -254,6 +268,7 @@ def stats(
     console.print(f"[bold]{url}[/]  ns={data.get('namespace')}  {cfg.get('policy', '?')} "
                   f"k={cfg.get('group_size', '?')}  policy "
                   f"v{(data.get('policy') or {}).get('version')}", highlight=False)
+    console.print(_estimate_line(data.get("derived") or {}), highlight=False)
     table = Table()
     table.add_column("section")
     table.add_column("metric")

@@ -9,6 +9,7 @@ from sara_client.models import (
     Counters, Derived, GroupOut, GroupSlot, PolicyInfo, Queues, StatsResponse, WorkerStats,
 )
 
+from . import ds_estimate as ds
 from .errors import NotFound
 from .keys import rollout_id
 from .settings import Settings
@@ -65,30 +66,64 @@ async def _read_raw(store: Store) -> list[Any]:
     return await pipe.execute()
 
 
+# counters renamed for what they hold; a namespace written by an older release keeps its figures
+_RENAMED = {"rollouts_saved_vs_ds": "rollouts_not_spent_on_abandoned_groups"}
+
+
 def _counters(raw: dict) -> Counters:
     fields = {_s(a): _s(b) for a, b in raw.items()}
+    for old, new in _RENAMED.items():
+        if old in fields and new not in fields:
+            fields[new] = fields.pop(old)
     known = Counters.model_fields
     return Counters(**{f: (float(v) if known[f].annotation is float else int(v))
                        for f, v in fields.items() if f in known})
 
 
+def ds_estimate(c: Counters, k: int) -> ds.Interval:
+    """What Dynamic Sampling would spend per effective group on this run's prompts, with its
+    95% interval, from the decided groups and the audited ones (see `ds_estimate`)."""
+    return ds.ds_rollouts_per_effective_group(_tally(c), k)
+
+
+@_unavailable_on_redis_error
+async def read_counters(store: Store) -> Counters:
+    """The namespace's counters as they stand."""
+    return _counters(await store.redis.hgetall(store.keys.stats))
+
+
+def _tally(c: Counters) -> ds.GroupTally:
+    return ds.tally_from_counters(c.groups_committed, c.groups_abandoned, c.groups_completed_pure,
+                                  c.audits_mixed, c.audits_pure)
+
+
 def derive(c: Counters, k: int) -> Derived:
     """Efficiency figures from the counters (DESIGN.md section 4).
 
-    Dynamic Sampling pays k for every decided group and finds effective the committed ones plus
-    the abandoned ones that would have ended mixed. That last number is estimated under each
-    prompt's learned posterior; the prior's p_eff sum (the reliability bound) and zero bracket it.
+    The DS figure and the net saving are estimates from audit sampling, each with its 95%
+    interval; the false-abandon rate is measured on the audited groups. The prior's bound and
+    the posterior model's estimate of false abandons stay beside them for comparison.
     """
-    decided = c.groups_committed + c.groups_abandoned + c.groups_dropped_saturated
+    decided = c.groups_committed + c.groups_abandoned + c.groups_completed_pure
+    tally = _tally(c)
+    ds_figure = ds.ds_rollouts_per_effective_group(tally, k)
+    saving = ds.net_saving(c.rollouts_completed, c.groups_committed, ds_figure)
+    saved = ds.net_rollouts_saved(c.rollouts_completed, c.groups_committed, ds_figure)
+    false_abandons = ds.false_abandon_rate(tally)
     return Derived(
         rollouts_in_flight=c.rollouts_issued - c.rollouts_completed - c.rollouts_cancelled,
         useful_fraction=_ratio(c.rollouts_delivered, c.rollouts_completed),
         rollouts_per_effective_group=_ratio(c.rollouts_completed, c.groups_delivered),
-        ds_rollouts_per_effective_group=_ratio(
-            k * decided, c.groups_committed + c.estimated_false_abandons),
-        ds_rollouts_per_effective_group_low=_ratio(
-            k * decided, c.groups_committed + c.expected_false_abandons),
-        ds_rollouts_per_effective_group_high=_ratio(k * decided, c.groups_committed),
+        ds_rollouts_per_effective_group=ds_figure.point,
+        ds_rollouts_per_effective_group_low=ds_figure.low,
+        ds_rollouts_per_effective_group_high=ds_figure.high,
+        net_saving_vs_ds=saving.point, net_saving_vs_ds_low=saving.low,
+        net_saving_vs_ds_high=saving.high,
+        net_rollouts_saved_vs_ds=saved.point, net_rollouts_saved_vs_ds_low=saved.low,
+        net_rollouts_saved_vs_ds_high=saved.high,
+        false_abandon_rate=false_abandons.point, false_abandon_rate_low=false_abandons.low,
+        false_abandon_rate_high=false_abandons.high,
+        audit_cost_fraction=_ratio(c.audit_rollouts, c.rollouts_completed),
         abandon_rate=_ratio(c.groups_abandoned, decided),
         expected_false_abandon_rate=_ratio(c.expected_false_abandons, c.groups_abandoned),
         estimated_false_abandon_rate=_ratio(c.estimated_false_abandons, c.groups_abandoned))

@@ -23,6 +23,7 @@ from sara_client.models import (
 )
 
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .observability import ds_estimate, read_counters
 from .selection import DpsParams, dps_mixed_probability, mopps_score, top_by_score
 from .settings import Settings
 from .store import Store
@@ -143,7 +144,8 @@ class Scheduler:
             return 0
         plans, skipped = await self._plans_for(pids)
         opened = await self.store.open_groups(now, self.flow_target, plans, self.settings.commit,
-                                              skipped)
+                                              skipped, self.settings.audit_fraction,
+                                              self.settings.seed)
         if self.settings.selection in ("epoch", "history"):
             await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
         return opened
@@ -225,10 +227,20 @@ class Scheduler:
             kind, batch_id = await self.store.form_batch(
                 now, size, now + s.batch_ack_timeout_s, s.max_staleness,
                 s.max_rollouts_per_batch, _new_id("b"), s.retention_s)
+            if kind == "new" and batch_id:
+                await self._note_estimate(batch_id)
             if kind != "none" and batch_id:
                 return await self._load_batch(batch_id, redelivered=kind == "redeliver")
             if not await self._sleep_until_next_poll(deadline):
                 return None
+
+    async def _note_estimate(self, batch_id: str) -> None:
+        # a window's own counts are too few for an estimate: the run's so far goes with them
+        estimate = ds_estimate(await read_counters(self.store), self.settings.group_size)
+        await self.store.note_batch_estimate(batch_id, {
+            "ds_rollouts_per_effective_group": estimate.point,
+            "ds_rollouts_per_effective_group_low": estimate.low,
+            "ds_rollouts_per_effective_group_high": estimate.high})
 
     async def _load_batch(self, batch_id: str, redelivered: bool) -> Batch:
         meta = await self.store.read_batch(batch_id)
@@ -242,9 +254,11 @@ class Scheduler:
                 group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
                 answer=prompt.get("answer"), task=prompt.get("task", "exact"),
                 rollouts=[BatchRollout.model_validate_json(r) for r in results]))
+        stats = BatchStats.model_validate_json(meta["stats"])
+        stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
         return Batch(batch_id=batch_id, policy_version=int(meta["policy_version"]),
                      created_at=float(meta["created_at"]), redelivered=redelivered,
-                     groups=groups, stats=BatchStats.model_validate_json(meta["stats"]))
+                     groups=groups, stats=stats)
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     prior_alpha: float = Field(1.0, gt=0.0)
     prior_beta: float = Field(1.0, gt=0.0)
     posterior_decay: float = Field(0.5, ge=0.0, le=1.0, description="lambda per policy version.")
+    audit_fraction: float = Field(
+        0.05, ge=0.0, le=1.0,
+        description="Share of the groups SARA would abandon that run on to k instead, so the run "
+                    "measures what Dynamic Sampling would have spent (0 turns auditing off).")
     success_threshold: float = Field(0.5, description="A reward >= this counts as a success.")
     seed: int = 0
     selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")

@@ -154,8 +154,12 @@ class Store:
     @_unavailable_on_redis_error
     async def open_groups(self, now: float, flow_target: int,
                           groups: list[tuple[str, str, GroupPlan]], commit: str,
-                          skipped: int = 0) -> int:
-        """Open (group id, prompt id, plan) in order while flow control allows; returns how many."""
+                          skipped: int = 0, audit_fraction: float = 0.0, seed: int = 0) -> int:
+        """Open (group id, prompt id, plan) in order while flow control allows; returns how many.
+
+        About `audit_fraction` of them (chosen by a hash of seed, prompt and visit) run on to k
+        where SARA would abandon them, so the run measures what abandoning loses.
+        """
         k = self.keys
         specs = [{"gid": gid, "pid": pid, "k": plan.k, "thr_f": plan.after_failures,
                   "thr_s": plan.after_successes, "issue": plan.initial_issue,
@@ -166,7 +170,8 @@ class Store:
         keys = [k.stats, k.open_groups, k.ready, k.pending, k.slots, k.group_states,
                 k.group_prompt, k.posteriors, *(k.group(gid) for gid, _, _ in groups)]
         return int(await self._run("open_groups", keys,
-                                   [now, flow_target, json.dumps(specs), skipped]))
+                                   [now, flow_target, json.dumps(specs), skipped,
+                                    repr(float(audit_fraction)), seed]))
 
     @_unavailable_on_redis_error
     async def expire_leases(self, now: float, limit: int = 1000) -> int:
@@ -266,6 +271,12 @@ class Store:
         if not raw:
             raise NotFound("unknown_batch", f"no batch with id {batch_id!r}")
         return {_s(a): _s(b) for a, b in raw.items()}
+
+    @_unavailable_on_redis_error
+    async def note_batch_estimate(self, batch_id: str, estimate: dict) -> None:
+        """Record, once, figures as they stood when the batch was formed: a redelivery of the
+        batch then carries the same ones."""
+        await self.redis.hsetnx(self.keys.batch(batch_id), "estimate", json.dumps(estimate))
 
     @_unavailable_on_redis_error
     async def read_groups(self, group_ids: list[str]) -> list[dict[str, str]]:

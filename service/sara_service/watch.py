@@ -67,13 +67,15 @@ def _ago(seconds: Any) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def saving_vs_ds(stats: Mapping[str, Any]) -> float | None:
-    """1 - (rollouts per effective group) / (what Dynamic Sampling would spend); None if unknown."""
+def saving_vs_ds(stats: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """The estimated net saving against Dynamic Sampling and its 95% interval (None: unknown)."""
     d = stats.get("derived") or {}
-    rpeg, ds = d.get("rollouts_per_effective_group"), d.get("ds_rollouts_per_effective_group")
-    if not (_num(rpeg) and _num(ds)) or ds <= 0:
-        return None
-    return 1.0 - rpeg / ds
+    return (d.get("net_saving_vs_ds"), d.get("net_saving_vs_ds_low"),
+            d.get("net_saving_vs_ds_high"))
+
+
+def _interval(low: Any, high: Any, fmt: Callable[[Any], str]) -> str:
+    return f"95% CI {fmt(low)}–{fmt(high) if high is not None else '∞'}"
 
 
 def decision_rates(stats: Mapping[str, Any], previous: Mapping[str, Any] | None,
@@ -115,19 +117,24 @@ def _header(s: Mapping[str, Any]) -> RenderableType:
         (f"  k={cfg.get('group_size', '?')}  tau_low={cfg.get('tau_low', '?')}", ""),
         (f"  policy v{policy.get('version', '?')}", "bold"),
         ("  auth " + ("on" if cfg.get("auth_enabled") else "OPEN"), ""))
-    d = s.get("derived") or {}
-    if saving is None:
-        verdict = Text("waiting for the first delivered groups…", style="dim")
-    elif saving > 0:
-        verdict = Text.assemble(
-            (f"saving {_pct(saving)} of rollouts vs Dynamic Sampling", "bold green"),
-            (f"  ({_f(d.get('rollouts_per_effective_group'))} rollouts per effective group "
-             f"instead of {_f(d.get('ds_rollouts_per_effective_group'))})", ""))
-    else:
-        verdict = Text.assemble(("not saving compute vs Dynamic Sampling", "bold yellow"),
-                                (f"  ({_f(d.get('rollouts_per_effective_group'))} vs DS "
-                                 f"{_f(d.get('ds_rollouts_per_effective_group'))})", ""))
-    return Group(head, verdict)
+    return Group(head, _verdict(saving, s.get("derived") or {}))
+
+
+def _verdict(saving: tuple, d: Mapping[str, Any]) -> Text:
+    """The headline: an estimate with its interval, called a saving only when the interval is."""
+    point, low, high = saving
+    ci = f"  (ESTIMATE, {_interval(low, high, _pct)}; DS {_f(d.get('ds_rollouts_per_effective_group'))}" \
+         f" vs {_f(d.get('rollouts_per_effective_group'))} rollouts per effective group here)"
+    if point is None:
+        return Text("no estimate yet: waiting for delivered groups and the first finished audit",
+                    style="dim")
+    if low is not None and low > 0:
+        return Text.assemble((f"saving {_pct(point)} of rollouts vs Dynamic Sampling",
+                              "bold green"), (ci, ""))
+    if high is not None and high < 0:
+        return Text.assemble((f"spending {_pct(-point)} more rollouts than Dynamic Sampling",
+                              "bold yellow"), (ci, ""))
+    return Text.assemble((f"{_pct(point)} vs Dynamic Sampling, within noise", "bold"), (ci, ""))
 
 
 def _efficiency(s: Mapping[str, Any]) -> Table:
@@ -135,20 +142,25 @@ def _efficiency(s: Mapping[str, Any]) -> Table:
     k = (s.get("config") or {}).get("group_size")
     ds = d.get("ds_rollouts_per_effective_group")
     ds_useful = min(1.0, k / ds) if _num(k) and _num(ds) and ds > 0 else None
-    t = _kv_table("efficiency vs DS")
-    saving = saving_vs_ds(s)
-    t.add_row("compute saved vs DS", Text(_pct(saving), style="bold green" if (saving or 0) > 0
-                                          else "bold yellow"), "")
+    t = _kv_table("efficiency vs DS (DS figures are estimates from audited groups)")
+    point, low, high = saving_vs_ds(s)
+    t.add_row("net saving vs DS", Text(_pct(point), style="bold green" if (low or 0) > 0
+                                       else "bold"), _interval(low, high, _pct))
     t.add_row("rollouts / effective group", _f(d.get("rollouts_per_effective_group")),
-              f"DS {_f(ds)} (range {_f(d.get('ds_rollouts_per_effective_group_low'))}–"
-              f"{_f(d.get('ds_rollouts_per_effective_group_high'))})")
+              f"DS {_f(ds)} ({_interval(d.get('ds_rollouts_per_effective_group_low'), d.get('ds_rollouts_per_effective_group_high'), _f)})")
+    t.add_row("net rollouts saved vs DS", _f(d.get("net_rollouts_saved_vs_ds")),
+              _interval(d.get("net_rollouts_saved_vs_ds_low"),
+                        d.get("net_rollouts_saved_vs_ds_high"), _f))
     t.add_row("useful fraction", _pct(d.get("useful_fraction")), f"DS {_pct(ds_useful)}")
-    t.add_row("rollouts saved vs DS", _f(c.get("rollouts_saved_vs_ds")), "")
     t.add_row("groups delivered", _f(c.get("groups_delivered")),
               f"{_f(c.get('batches_formed'))} batches")
     t.add_row("abandon rate", _pct(d.get("abandon_rate")), "")
-    t.add_row("expected false abandons", _pct(d.get("expected_false_abandon_rate"), 2),
-              "per abandon")
+    t.add_row("false abandons (measured)", _pct(d.get("false_abandon_rate"), 1),
+              f"{_f(c.get('audits_mixed', 0) + c.get('audits_pure', 0))} audited, "
+              + _interval(d.get("false_abandon_rate_low"), d.get("false_abandon_rate_high"), _pct))
+    t.add_row("audit cost", _pct(d.get("audit_cost_fraction"), 1), "of rollouts completed")
+    t.add_row("not spent on abandoned groups", _f(c.get("rollouts_not_spent_on_abandoned_groups")),
+              "not a saving: false abandons cost")
     return t
 
 
@@ -229,7 +241,8 @@ def _batches(s: Mapping[str, Any]) -> Table:
               box=box.SIMPLE_HEAD, pad_edge=False)
     ids = [str(b.get("batch_id", "?"))[:18] for b in batches]
     t.add_column("batch", no_wrap=True, min_width=max((len(i) for i in ids), default=5))
-    for name in ("age", "policy v", "groups", "rollouts", "spent", "abandoned", "saved vs DS"):
+    for name in ("age", "policy v", "groups", "rollouts", "spent", "abandoned",
+                 "unspent (abandoned)"):
         t.add_column(name, justify="right")
     t.add_column("early")
     if not batches:
@@ -239,7 +252,8 @@ def _batches(s: Mapping[str, Any]) -> Table:
         age = now - b["created_at"] if _num(now) and _num(b.get("created_at")) else None
         t.add_row(str(b.get("batch_id", "?"))[:18], _ago(age), f"v{b.get('policy_version', '?')}",
                   _f(b.get("groups")), _f(b.get("rollouts")), _f(st.get("rollouts_spent")),
-                  _f(st.get("groups_abandoned")), _f(st.get("rollouts_saved_vs_ds")),
+                  _f(st.get("groups_abandoned")), _f(st.get("rollouts_not_spent_on_abandoned_groups",
+                                                           st.get("rollouts_saved_vs_ds"))),
                   Text("early", style="yellow") if st.get("ended_early") else "")
     return t
 

@@ -53,7 +53,7 @@ async def test_batch_groups_are_mixed_and_complete(make_api, policy):
     assert (c["groups_delivered"], c["rollouts_delivered"], c["batches_formed"]) == (2, 16, 1)
     assert batch["stats"]["rollouts_spent"] == c["rollouts_completed"]
     if policy == "dynamic_sampling":
-        assert c["groups_abandoned"] == 0 and c["rollouts_saved_vs_ds"] == 0
+        assert c["groups_abandoned"] == 0 and c["rollouts_not_spent_on_abandoned_groups"] == 0
         assert c["groups_dropped_saturated"] == batch["stats"]["groups_dropped"] > 0
     else:
         assert c["groups_abandoned"] == batch["stats"]["groups_abandoned"] > 0

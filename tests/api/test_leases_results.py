@@ -97,7 +97,7 @@ async def test_four_pure_outcomes_abandon_and_move_the_posterior(api, script, re
     assert view["state"] == "abandoned" and view["issued"] == 4 and view["done"] == 4
     assert view["p_eff"] == pytest.approx(4 / 9)
     c = await api.counters()
-    assert (c["groups_abandoned"], c["decisions_abandon"], c["rollouts_saved_vs_ds"]) == (1, 1, 4)
+    assert (c["groups_abandoned"], c["decisions_abandon"], c["rollouts_not_spent_on_abandoned_groups"]) == (1, 1, 4)
     assert c["expected_false_abandons"] == pytest.approx(4 / 9)
     assert (await api.stats())["abandon_histogram"] == {"4": 1}
 

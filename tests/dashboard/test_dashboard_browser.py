@@ -99,6 +99,7 @@ def num(value: str) -> float | None:
 def test_dashboard_live_in_chromium(redis_url, tmp_path):
     exe = _require_browser()
     settings = Settings(redis_url=redis_url, policy="sara", group_size=8, tau_low=0.5,
+                        audit_fraction=0.5,  # enough finished audits for every DS figure
                         batch_size=8, prefetch_batches=2, worker_stale_s=2.0,
                         **{f"{role}_token": tok for role, tok in TOKENS.items()})
     server = LiveServer(settings)
@@ -157,13 +158,14 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
 
     # the numbers equal /stats in the quiescent state
     c, d, q = stats["counters"], stats["derived"], stats["queues"]
-    saving = 1 - d["rollouts_per_effective_group"] / d["ds_rollouts_per_effective_group"]
     expected = {
-        "tile-saving": saving,
+        "tile-saving": d["net_saving_vs_ds"],
         "tile-rollouts-per-effective-group": d["rollouts_per_effective_group"],
         "tile-ds-rollouts-per-effective-group": d["ds_rollouts_per_effective_group"],
         "tile-useful-fraction": d["useful_fraction"],
-        "tile-rollouts-saved-vs-ds": c["rollouts_saved_vs_ds"],
+        "tile-net-rollouts-saved-vs-ds": d["net_rollouts_saved_vs_ds"],
+        "tile-false-abandon-rate": d["false_abandon_rate"],
+        "tile-audit-cost": d["audit_cost_fraction"],
         "tile-groups-delivered": c["groups_delivered"],
         "tile-abandon-rate": d["abandon_rate"],
         "tile-expected-false-abandon-rate": d["expected_false_abandon_rate"],
@@ -192,7 +194,11 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
     assert {w["id"] for w in shown["workers"]} == {"sim-a", "sim-b", "sim-idle"}
     assert [w["stale"] for w in shown["workers"] if w["id"] == "sim-idle"] == [True]
     assert shown["config"]["policy"] == "sara" and shown["config"]["group_size"] == "8"
-    assert shown["verdict"]["state"] == ("saving" if saving > 0 else "not-saving")
+    # the headline is called a saving only when its whole interval is above zero
+    low, high = d["net_saving_vs_ds_low"], d["net_saving_vs_ds_high"]
+    state = "saving" if low > 0 else "not-saving" if high < 0 else "noise"
+    assert shown["verdict"]["state"] == state
+    assert "95% CI" in shown["verdict"]["text"] and "estimate" in shown["verdict"]["text"]
 
     # the token went out in the URL once and never into a log line
     assert any("/dashboard?token=***" in line for line in access.lines), access.lines[:5]

@@ -23,14 +23,21 @@ def make_stats(now: float = NOW, commit: int = 40, abandon: int = 90, cont: int 
         "config": {"policy": "sara", "selection": "epoch", "group_size": 8, "tau_low": 0.5,
                    "auth_enabled": True},
         "counters": {"rollouts_issued": 5000, "rollouts_completed": 4800,
-                     "rollouts_saved_vs_ds": 1234, "groups_delivered": 300,
+                     "rollouts_not_spent_on_abandoned_groups": 1234, "groups_delivered": 300,
+                     "audits_mixed": 4, "audits_pure": 16,
                      "groups_committed": 310, "groups_abandoned": 420, "batches_formed": 37,
                      "decisions_commit": commit, "decisions_abandon": abandon,
                      "decisions_continue": cont, "expected_false_abandons": 12.5},
         "derived": {"rollouts_in_flight": 200, "useful_fraction": 0.5,
                     "rollouts_per_effective_group": 16.0,
-                    "ds_rollouts_per_effective_group": 20.0, "abandon_rate": 0.575,
-                    "expected_false_abandon_rate": 0.0297},
+                    "ds_rollouts_per_effective_group": 20.0,
+                    "ds_rollouts_per_effective_group_low": 18.0,
+                    "ds_rollouts_per_effective_group_high": 23.0,
+                    "net_saving_vs_ds": 0.2, "net_saving_vs_ds_low": 0.11,
+                    "net_saving_vs_ds_high": 0.3, "net_rollouts_saved_vs_ds": 1200.0,
+                    "false_abandon_rate": 0.2, "false_abandon_rate_low": 0.08,
+                    "false_abandon_rate_high": 0.42, "audit_cost_fraction": 0.021,
+                    "abandon_rate": 0.575, "expected_false_abandon_rate": 0.0297},
         "queues": {"pending": 17, "leased": 183, "open_groups": 29, "expected_yield_open": 6.5,
                    "ready_groups": 11, "unacked_batches": 2, "flow_target": 64},
         "abandon_histogram": {"3": 5, "4": 400, "5": 15},
@@ -44,10 +51,12 @@ def make_stats(now: float = NOW, commit: int = 40, abandon: int = 90, cont: int 
         "recent_batches": [
             {"batch_id": "b-newest", "created_at": now - 3, "policy_version": 3, "groups": 32,
              "rollouts": 256, "stats": {"rollouts_spent": 410, "groups_abandoned": 20,
-                                        "rollouts_saved_vs_ds": 90, "ended_early": True}},
+                                        "rollouts_not_spent_on_abandoned_groups": 90,
+                                        "ended_early": True}},
             {"batch_id": "b-older", "created_at": now - 40, "policy_version": 2, "groups": 32,
              "rollouts": 256, "stats": {"rollouts_spent": 390, "groups_abandoned": 18,
-                                        "rollouts_saved_vs_ds": 80, "ended_early": False}},
+                                        "rollouts_not_spent_on_abandoned_groups": 80,
+                                        "ended_early": False}},
         ],
     }
     data.update(overrides)
@@ -73,8 +82,11 @@ def test_render_shows_every_section_from_stats_and_deltas():
     # header and verdict
     assert "ns=run7" in out and "policy v3" in out and "k=8" in out and "auth on" in out
     assert "saving 20.0% of rollouts vs Dynamic Sampling" in out
-    # efficiency against DS
-    assert "16.00" in out and "DS 20.00" in out and "1,234" in out and "57.5%" in out
+    assert "ESTIMATE, 95% CI 11.0%–30.0%" in out
+    # efficiency against DS: every DS figure with its interval, the unspent count named as such
+    assert "16.00" in out and "DS 20.00 (95% CI 18.00–23.00)" in out and "57.5%" in out
+    assert "1,234" in next(line for line in out.splitlines() if "not spent on abandoned" in line)
+    assert "20 audited, 95% CI 8.0%–42.0%" in out and "2.1%" in out
     assert "DS 40.0%" in out  # DS useful fraction: k / DS cost = 8 / 20
     # decisions per second from the counter deltas over dt: 10/2, 10/2, 100/2
     assert rate(out, "commit") == "5.0" and rate(out, "abandon") == "5.0"
@@ -118,13 +130,19 @@ def test_render_when_not_saving_and_on_a_fresh_namespace():
     worse = make_stats(derived={"rollouts_in_flight": 0, "useful_fraction": 0.3,
                                 "rollouts_per_effective_group": 25.0,
                                 "ds_rollouts_per_effective_group": 20.0, "abandon_rate": 0.1,
+                                "net_saving_vs_ds": -0.25, "net_saving_vs_ds_low": -0.4,
+                                "net_saving_vs_ds_high": -0.1,
                                 "expected_false_abandon_rate": None})
-    assert saving_vs_ds(worse.model_dump()) == pytest.approx(-0.25)
-    assert "not saving compute vs Dynamic Sampling" in text_of(render(worse))
+    assert saving_vs_ds(worse.model_dump()) == (-0.25, -0.4, -0.1)
+    assert "spending 25.0% more rollouts than Dynamic Sampling" in text_of(render(worse))
+    # an interval that straddles zero is not called a saving, whatever the point says
+    unsure = make_stats(derived={**worse.derived.model_dump(), "net_saving_vs_ds": 0.05,
+                                 "net_saving_vs_ds_low": -0.05, "net_saving_vs_ds_high": 0.15})
+    assert "5.0% vs Dynamic Sampling, within noise" in text_of(render(unsure))
     fresh = {"namespace": "default", "now": NOW, "config": {}, "counters": {}, "derived": {},
              "queues": {}, "policy": {"version": 0}}
     out = text_of(render(fresh, fresh, 1.0))
-    assert "waiting for the first delivered groups" in out
+    assert "no estimate yet" in out
     assert "no group abandoned yet" in out and "no worker has leased yet" in out
     assert "no batch formed yet" in out
 

@@ -175,9 +175,9 @@ def test_policy_counters(run, policy, replicas):
     if policy == "sara":
         assert c.groups_abandoned > 0 and c.decisions_abandon == c.groups_abandoned
         assert c.groups_dropped_saturated == 0
-        assert c.rollouts_saved_vs_ds > 0
+        assert c.rollouts_not_spent_on_abandoned_groups > 0
     else:
-        assert c.groups_abandoned == 0 and c.rollouts_saved_vs_ds == 0
+        assert c.groups_abandoned == 0 and c.rollouts_not_spent_on_abandoned_groups == 0
         assert c.groups_dropped_saturated > 0
         assert c.rollouts_cancelled == 0
 
@@ -205,15 +205,15 @@ def test_sara_spends_fewer_rollouts_per_effective_group_than_dynamic_sampling(ru
 
 
 def test_sara_run_brackets_what_dynamic_sampling_really_spends(run):
-    """What DS would have spent cannot be observed from a SARA run (nothing is seen past an
-    abandonment), so /stats reports a range: DS at its best (every prior-expected false abandon
-    was real) and at its worst (none was). The DS run on the same pool must land inside it."""
+    """A SARA run estimates what DS would have spent from its audited groups (would-be abandons
+    run on to k) and gives a 95% interval; the DS run on the same pool must land inside it."""
     sara, ds = run("sara", 1), run("dynamic_sampling", 1)
     s_c, d_c = sara.final.stats.counters, ds.final.stats.counters
     derived = sara.final.stats.derived
     sara_cost = s_c.rollouts_completed / s_c.groups_committed
     ds_measured = d_c.rollouts_completed / d_c.groups_committed
-    print(f"sara {sara_cost:.2f}; DS measured {ds_measured:.2f}, estimated "
+    print(f"sara {sara_cost:.2f}; DS measured {ds_measured:.2f}, estimated from "
+          f"{s_c.audits_mixed + s_c.audits_pure} audited groups "
           f"{derived.ds_rollouts_per_effective_group:.2f} in "
           f"[{derived.ds_rollouts_per_effective_group_low:.2f}, "
           f"{derived.ds_rollouts_per_effective_group_high:.2f}]")

@@ -69,8 +69,8 @@ START = 1_700_000_000.0
 # Counters the model predicts exactly (Counters fields; the rest are checked for monotonicity).
 MODELLED = ("rollouts_issued", "rollouts_completed", "rollouts_cancelled", "rollouts_reissued",
             "results_duplicate", "results_late", "groups_opened", "groups_committed",
-            "groups_abandoned", "groups_dropped_saturated", "groups_dropped_stale",
-            "groups_delivered", "groups_acked", "rollouts_delivered", "rollouts_saved_vs_ds",
+            "groups_abandoned", "groups_dropped_saturated", "groups_completed_pure", "groups_dropped_stale",
+            "groups_delivered", "groups_acked", "rollouts_delivered", "rollouts_not_spent_on_abandoned_groups",
             "decisions_commit", "decisions_abandon", "decisions_continue", "batches_formed",
             "batches_redelivered", "batches_acked")
 
@@ -150,6 +150,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.settings = Settings(
             redis_url=self.redis_url, namespace=NAMESPACE, policy="sara", selection="epoch",
             prior="uniform", commit="complete", group_size=K, tau_low=TAU_LOW,
+            audit_fraction=0.0,  # audits are checked in tests/store/test_audit.py
             batch_size=BATCH_SIZE, prefetch_batches=PREFETCH, max_staleness=MAX_STALENESS,
             prior_alpha=self.alpha0, prior_beta=self.beta0, lease_ttl_s=LEASE_TTL,
             batch_ack_timeout_s=ACK_TIMEOUT, retention_s=10_000_000.0,
@@ -247,7 +248,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.cancel_outstanding(g)
             g.state = "abandoned"
             self.count("groups_abandoned")
-            self.count("rollouts_saved_vs_ds", K - g.issued)
+            self.count("rollouts_not_spent_on_abandoned_groups", K - g.issued)
             pure, table = ((g.f, self.plan.p_eff_fail) if g.s == 0
                            else (g.s, self.plan.p_eff_success))
             self.expected_false_abandons += table[min(pure, len(table) - 1)]
@@ -263,6 +264,7 @@ class StoreMachine(RuleBasedStateMachine):
         elif g.state == "open" and g.done >= K:   # saturated: sara drops it
             g.state = "dropped"
             self.count("groups_dropped_saturated")
+            self.count("groups_completed_pure")
 
     def flow_expected(self) -> float:
         """Ready groups + the expected yield of the open ones, summed in the zset's order."""

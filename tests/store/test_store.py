@@ -98,7 +98,7 @@ async def test_abandon_cancels_outstanding_rollouts_and_late_results_only_move_t
     assert applied.decisions == [("g", "abandon")]
     c = await counters(store)
     assert c["rollouts_cancelled"] == 4  # g:0, g:1 (leased) and g:6, g:7 (pending)
-    assert c["rollouts_saved_vs_ds"] == 0  # all k were issued: nothing saved against DS
+    assert c["rollouts_not_spent_on_abandoned_groups"] == 0  # all k were issued
     assert await store.slot_states(["g:0", "g:6"]) == ["c", "c"]
     # the pending ones are never leased, and w1 learns to abort its two
     ids, cancel = await lease(store, "w1", 8, lease_id="L2")

@@ -33,7 +33,10 @@ def _summary(with_ds: bool):
                              "groups_committed": 100, "groups_abandoned": 300,
                              "rollouts_per_effective_group": 20.0},
                "arms": {"sara": sara}, "comparison": None,
-               "estimate": {"ds_rollouts_per_mixed_group": 23.4, "low": 21.0, "high": 26.0}}
+               "estimate": {"ds_rollouts_per_mixed_group": 23.4, "low": 21.0, "high": 26.0,
+                            "false_abandon_rate": 0.25, "false_abandon_low": 0.12,
+                            "false_abandon_high": 0.44, "audited_groups": 24,
+                            "audit_cost_fraction": 0.02}}
     if with_ds:
         summary["arms"]["dynamic_sampling"] = ds
         summary["comparison"] = compare(0.5, 2000, sara, ds)
@@ -46,16 +49,26 @@ def test_side_by_side_rows_come_from_both_arms():
     # DS first reached its final 66% at 2,000 rollouts; SARA at 1,500: 0.75x
     assert rows["rollouts to reach DS's final 66.0%"] == ("1,500 (0.75x DS)", "2,000")
     assert rows["rollouts per mixed group"] == ("20", "25")
+    # SARA's live estimate of DS sits beside DS's measured figure, named an estimate
+    assert rows["DS rollouts per mixed group: SARA's live ESTIMATE | measured"] == \
+        ("23.4 (95% CI 21.0-26.0)", "25")
     from rich.console import Console
 
     console = Console(width=160, record=True)
     console.print(render_table(_summary(True)))
-    assert "every figure measured in this run" in " ".join(console.export_text().split())
+    assert "every figure measured in this run (but the one marked ESTIMATE" in \
+        " ".join(console.export_text().split())
 
 
 def test_without_the_ds_arm_the_ds_figure_is_named_an_estimate():
     rows = dict(summary_rows(_summary(False)))
-    assert rows["DS rollouts per mixed group (ESTIMATE, scheduler's)"] == "23.4 (bracket 21-26)"
+    assert rows["DS rollouts per mixed group (ESTIMATE, 95% CI)"] == "23.4 (95% CI 21.0-26.0)"
+    assert rows["false abandons measured on audited groups (95% CI)"] == \
+        "25.0% (12.0%-44.0%) of 24 audited; audit cost 2.0% of rollouts"
+    early = _summary(False)
+    early["estimate"] = {"ds_rollouts_per_mixed_group": None, "low": 15.0, "high": None}
+    assert dict(summary_rows(early))["DS rollouts per mixed group (ESTIMATE, 95% CI)"] == \
+        "no audit finished yet (95% CI 15.0-inf)"
     from rich.console import Console
 
     console = Console(width=160, record=True)

@@ -280,6 +280,22 @@ def test_load_and_stats_through_the_real_sdk(monkeypatch):
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["counters"]["rollouts_issued"] == 42
     assert seen[-1][:2] == ("GET", "/stats")
+    result = runner.invoke(cli.app, ["stats"])
+    assert result.exit_code == 0, result.output
+    assert "ESTIMATE vs Dynamic Sampling: net saving -" in " ".join(result.output.split())
+
+
+def test_stats_estimate_line_gives_every_interval():
+    line = cli._estimate_line({"net_saving_vs_ds": 0.2, "net_saving_vs_ds_low": 0.05,
+                               "net_saving_vs_ds_high": 0.31,
+                               "ds_rollouts_per_effective_group": 20.0,
+                               "ds_rollouts_per_effective_group_low": 17.5,
+                               "ds_rollouts_per_effective_group_high": None,
+                               "false_abandon_rate": 0.25, "false_abandon_rate_low": 0.1,
+                               "false_abandon_rate_high": 0.45})
+    assert "net saving +20.0% (95% CI +5.0% to +31.0%)" in line
+    assert "DS would spend 20 (95% CI 17.5 to inf)" in line
+    assert "false-abandon rate 0.25 (95% CI 0.1 to 0.45)" in line
 
 
 def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):

@@ -68,13 +68,21 @@ def run_arms(cfg: DemoConfig, work: Path, start_dir: str, prompts: list[dict], e
 
 
 def _estimate(stats: Any) -> dict[str, Any]:
-    """The scheduler's own estimate of DS's rollouts per mixed group (shown without the DS arm),
-    named as an estimate, with the bracket the scheduler gives."""
-    d = stats.derived
+    """The scheduler's live estimate of what DS would spend per mixed group, from its audited
+    groups, with its 95% interval; named as an estimate wherever it is shown."""
+    d, c = stats.derived, stats.counters
     return {"ds_rollouts_per_mixed_group": d.ds_rollouts_per_effective_group,
             "low": d.ds_rollouts_per_effective_group_low,
             "high": d.ds_rollouts_per_effective_group_high,
-            "what": "the scheduler's estimate from its learned posteriors, not a measurement"}
+            "net_saving_vs_ds": d.net_saving_vs_ds, "net_saving_low": d.net_saving_vs_ds_low,
+            "net_saving_high": d.net_saving_vs_ds_high,
+            "false_abandon_rate": d.false_abandon_rate,
+            "false_abandon_low": d.false_abandon_rate_low,
+            "false_abandon_high": d.false_abandon_rate_high,
+            "audited_groups": c.audits_mixed + c.audits_pure,
+            "audit_cost_fraction": d.audit_cost_fraction,
+            "what": "the scheduler's estimate from audit sampling (95% interval), not a "
+                    "measurement"}
 
 
 def _rl_figures(trainer: Any, stats: Any, counters: Any) -> dict[str, Any]:
@@ -104,7 +112,7 @@ def _scheduler_figures(stats: Any) -> dict[str, Any]:
         "groups_dropped": c.groups_dropped_saturated + c.groups_dropped_stale,
         # k - issued summed over abandoned groups: what abandoning did not spend, which is
         # not what it saved (false abandons cost mixed groups); the DS arm measures that
-        "rollouts_not_spent_on_abandoned_groups": c.rollouts_saved_vs_ds,
+        "rollouts_not_spent_on_abandoned_groups": c.rollouts_not_spent_on_abandoned_groups,
         "useful_fraction": d.useful_fraction,
         "rollouts_per_effective_group": d.rollouts_per_effective_group,
         "expected_false_abandons": c.expected_false_abandons}
@@ -138,5 +146,5 @@ def build_summary(cfg: DemoConfig, arms: dict[str, dict[str, Any]], before: dict
         summary["ds_history"] = arms["dynamic_sampling"]["history"]
     else:
         summary["comparison"] = None
-        summary["estimate"] = _estimate(sara["stats"])
+    summary["estimate"] = _estimate(sara["stats"])
     return summary

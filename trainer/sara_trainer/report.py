@@ -67,8 +67,30 @@ def comparison_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("groups committed / abandoned",
          f"{sara['groups_committed']:,} / {sara['groups_abandoned']:,}",
          f"{ds['groups_delivered']:,} kept of {ds['groups_opened']:,}"),
+        ("DS rollouts per mixed group: SARA's live ESTIMATE | measured",
+         _ds_estimate(summary.get("estimate") or {}), _num(ds["rollouts_per_mixed_group"])),
+        ("false abandons measured on audited groups (95% CI)",
+         _false_abandons(summary.get("estimate") or {}), "-"),
         ("wall time of the arm", f"{sara['seconds']:.0f}s", f"{ds['seconds']:.0f}s"),
     ]
+
+
+def _ds_estimate(est: dict[str, Any]) -> str:
+    """The scheduler's DS figure with its 95% interval, or why there is none."""
+    low, high = est.get("low"), est.get("high")
+    if low is None:
+        return "-"
+    point = est.get("ds_rollouts_per_mixed_group")
+    head = "no audit finished yet" if point is None else f"{point:.1f}"
+    return f"{head} (95% CI {low:.1f}-{'inf' if high is None else f'{high:.1f}'})"
+
+
+def _false_abandons(est: dict[str, Any]) -> str:
+    if est.get("false_abandon_rate") is None:
+        return "-"
+    return (f"{_pct(est['false_abandon_rate'])} ({_pct(est['false_abandon_low'])}-"
+            f"{_pct(est['false_abandon_high'])}) of {est['audited_groups']:,} audited; audit "
+            f"cost {_pct(est.get('audit_cost_fraction') or 0)} of rollouts")
 
 
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -76,10 +98,6 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     acc, sched = summary["accuracy"], summary["scheduler"]
     delta = acc["after_rl"] - acc["before_rl"]
     est = summary.get("estimate") or {}
-    ds_est = "-"
-    if est.get("ds_rollouts_per_mixed_group") is not None:
-        ds_est = (f"{est['ds_rollouts_per_mixed_group']:.1f} (bracket "
-                  f"{_num(est.get('low'))}-{_num(est.get('high'))})")
     return [
         ("held-out greedy accuracy, warm start", _pct(acc["before_rl"])),
         ("held-out greedy accuracy after RL",
@@ -93,7 +111,8 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("groups committed / abandoned",
          f"{sched['groups_committed']:,} / {sched['groups_abandoned']:,}"),
         ("rollouts per mixed group", _num(sched["rollouts_per_effective_group"])),
-        ("DS rollouts per mixed group (ESTIMATE, scheduler's)", ds_est),
+        ("DS rollouts per mixed group (ESTIMATE, 95% CI)", _ds_estimate(est)),
+        ("false abandons measured on audited groups (95% CI)", _false_abandons(est)),
         ("wall time", f"{summary['wall_seconds']:.0f}s"),
     ]
 
@@ -104,8 +123,9 @@ def render_table(summary: dict[str, Any]):
 
     title = f"SARA demo (seed {summary['seed']}, backend {summary['backend']})"
     if summary.get("comparison"):
-        table = Table(title=title, caption="every figure measured in this run, same warm start, "
-                      "seed, prompts and rollout budget; ± is one binomial standard error")
+        table = Table(title=title, caption="every figure measured in this run (but the one marked "
+                      "ESTIMATE, SARA's live figure for DS beside DS's measured one), same warm "
+                      "start, seed, prompts and rollout budget; ± is one binomial standard error")
         table.add_column("metric")
         table.add_column("SARA", justify="right")
         table.add_column("Dynamic Sampling", justify="right")

@@ -16,6 +16,8 @@
 --          error (engine or server failure): no outcome either, until the same slot has failed
 --          MAX_ERRORS_PER_SLOT times, after which it counts as a failure so a prompt that always
 --          breaks the engine cannot circulate for ever
+-- An audited group (flagged when it opened) that reaches its abandonment point is completed to k
+-- instead: the counters audits_mixed / audits_pure measure what abandoning such groups loses.
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local count = tonumber(ARGV[7])
@@ -131,6 +133,16 @@ local function mixed_chance_under_posterior(pid, failing, rest)
   return 1.0 - stay
 end
 
+-- An audited group at its abandonment point runs on to k; what that costs is counted.
+local function begin_audit(gkey, gid, g)
+  g.audited = true
+  redis.call('HSET', gkey, 'audited', 1)
+  redis.call('HINCRBY', STATS, 'groups_audited', 1)
+  redis.call('HINCRBY', STATS, 'audit_rollouts', g.k - g.issued)
+  issue(gkey, gid, g.issued, g.k)
+  g.issued = g.k
+end
+
 -- Decide an open group after one more outcome; returns the decision.
 local function decide_open(gkey, gid, g)
   if g.s > 0 and g.f > 0 then
@@ -138,6 +150,7 @@ local function decide_open(gkey, gid, g)
     redis.call('HSET', gkey, 'p_eff', 1)
     redis.call('ZADD', OPEN, 1, gid)
     redis.call('HINCRBY', STATS, 'groups_committed', 1)
+    if g.audited then redis.call('HINCRBY', STATS, 'audits_mixed', 1) end
     record_outcome(g.pid, 'committed', 'M')
     if g.commit == 'complete' then issue(gkey, gid, g.issued, g.k) end
     return 'commit'
@@ -147,12 +160,13 @@ local function decide_open(gkey, gid, g)
   local thr = failing and g.thr_f or g.thr_s
   -- the plan's table covers every prefix up to the threshold (or k)
   local p = tonumber(redis.call('HGET', gkey, (failing and 'pf:' or 'ps:') .. math.min(n, thr, g.k)))
-  if n >= thr then
+  if n >= thr and g.audit and not g.audited then begin_audit(gkey, gid, g) end
+  if n >= thr and not g.audited then
     cancel_outstanding(gkey, gid, g.issued)
     retire(gid, 'abandoned')
     redis.call('HSET', gkey, 'p_eff', p)
     redis.call('HINCRBY', STATS, 'groups_abandoned', 1)
-    redis.call('HINCRBY', STATS, 'rollouts_saved_vs_ds', g.k - g.issued)
+    redis.call('HINCRBY', STATS, 'rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
     redis.call('HINCRBYFLOAT', STATS, 'expected_false_abandons', p)
     redis.call('HINCRBYFLOAT', STATS, 'estimated_false_abandons',
       mixed_chance_under_posterior(g.pid, failing, g.k - n))
@@ -169,10 +183,10 @@ end
 
 local function load_group(gkey)
   local v = redis.call('HMGET', gkey, 'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f',
-    'thr_s', 'deliver_sat', 'commit')
+    'thr_s', 'deliver_sat', 'commit', 'audit', 'audited')
   return {pid = v[1], k = tonumber(v[2]), issued = tonumber(v[3]), done = tonumber(v[4]),
     s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]), thr_s = tonumber(v[8]),
-    deliver_sat = v[9] == '1', commit = v[10]}
+    deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1', audited = v[12] == '1'}
 end
 
 -- After an accepted result: close the group when it has everything it will get.
@@ -182,6 +196,8 @@ local function maybe_complete(gkey, gid, g, state)
     if g.done >= target then make_ready(gkey, gid, g.done) end
   elseif state == 'open' and g.done >= g.k then
     record_outcome(g.pid, 'saturated', g.s == 0 and 'F' or 'S')
+    redis.call('HINCRBY', STATS, 'groups_completed_pure', 1)
+    if g.audited then redis.call('HINCRBY', STATS, 'audits_pure', 1) end
     if g.deliver_sat then
       make_ready(gkey, gid, g.done)
     else

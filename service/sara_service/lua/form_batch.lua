@@ -15,7 +15,7 @@ end
 
 local window_fields = {'rollouts_completed', 'rollouts_cancelled', 'tokens_generated',
   'groups_committed', 'groups_abandoned', 'groups_dropped_saturated', 'groups_dropped_stale',
-  'rollouts_saved_vs_ds'}
+  'rollouts_not_spent_on_abandoned_groups'}
 local current = redis.call('HMGET', KEYS[3], unpack(window_fields))
 local before = redis.call('HMGET', KEYS[6], unpack(window_fields))
 local function spent(i) return (tonumber(current[i]) or 0) - (tonumber(before[i]) or 0) end
@@ -48,7 +48,7 @@ end
 current = redis.call('HMGET', KEYS[3], unpack(window_fields))
 local stats = {rollouts_spent = spent(1), rollouts_cancelled = spent(2), tokens_spent = spent(3),
   groups_committed = spent(4), groups_abandoned = spent(5), groups_dropped = spent(6) + spent(7),
-  rollouts_saved_vs_ds = spent(8), ended_early = #picked < want}
+  rollouts_not_spent_on_abandoned_groups = spent(8), ended_early = #picked < want}
 local snapshot = {}
 for i, f in ipairs(window_fields) do
   snapshot[#snapshot + 1] = f

@@ -8,6 +8,9 @@
 -- ARGV[3] = JSON list of group specs, in the order to open them:
 --           {gid, pid, k, thr_f, thr_s, issue, pf, ps, deliver_sat, commit}
 -- ARGV[4] = prompts skipped before any rollout (counted only)
+-- ARGV[5] = audit fraction: the share of groups that, should SARA decide to abandon them, are
+--           completed to k instead so the run can measure what abandoning loses
+-- ARGV[6] = seed of the audit draw
 -- returns the number of specs opened (a prefix of the list: the rest did not fit)
 local now = ARGV[1]
 local target = tonumber(ARGV[2])
@@ -19,6 +22,17 @@ for i = 2, #scores, 2 do expected = expected + tonumber(scores[i]) end
 
 if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[1], 'groups_skipped', ARGV[4]) end
 
+local audit_fraction, seed = tonumber(ARGV[5]), ARGV[6]
+
+-- A group is audited by a hash of (seed, prompt, visit), not by its outcomes, so the audited
+-- groups are a uniform sample of the ones SARA would abandon; a hash keeps any replica and the
+-- reference model in agreement where a random draw would not.
+local function audited(pid, visit)
+  if audit_fraction <= 0 then return 0 end
+  local h = tonumber(string.sub(redis.sha1hex(seed .. ':' .. pid .. ':' .. visit), 1, 12), 16)
+  return (h / 281474976710656 < audit_fraction) and 1 or 0
+end
+
 local opened = 0
 for i, g in ipairs(specs) do
   if expected >= target then break end
@@ -28,6 +42,7 @@ for i, g in ipairs(specs) do
   redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
     's', 0, 'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s,
     'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', g.pf[1], 'created_at', now)
+  local visit = 0
   -- p_eff tables, one field per prefix length: pf:n (n failures), ps:n (n successes)
   for n, p in ipairs(g.pf) do redis.call('HSET', gkey, 'pf:' .. (n - 1), p) end
   for n, p in ipairs(g.ps) do redis.call('HSET', gkey, 'ps:' .. (n - 1), p) end
@@ -37,10 +52,12 @@ for i, g in ipairs(specs) do
   local raw = redis.call('HGET', KEYS[8], g.pid)
   if raw then
     local post = cjson.decode(raw)
-    post.groups = (post.groups or 0) + 1
+    visit = post.groups or 0
+    post.groups = visit + 1
     post.last = g.gid
     redis.call('HSET', KEYS[8], g.pid, cjson.encode(post))
   end
+  redis.call('HSET', gkey, 'audit', audited(g.pid, visit))
   for slot = 0, g.issue - 1 do
     local rid = g.gid .. ':' .. slot
     redis.call('HSET', KEYS[5], rid, 'p')

@@ -323,10 +323,17 @@
     $("#meta-auth").dataset.state = cfg.auth_enabled ? "on" : "open";
   }
 
-  // DS's true cost lies between "every prior-expected false abandon was real" and "none was".
-  function dsRange(d) {
-    const lo = d.ds_rollouts_per_effective_group_low, hi = d.ds_rollouts_per_effective_group_high;
-    return isNum(lo) && isNum(hi) ? " (range " + fmt(lo) + "–" + fmt(hi) + ")" : "";
+  // Every DS figure is an estimate from audit sampling: shown with its 95% interval.
+  function interval(lo, hi, f) {
+    return isNum(lo) ? "95% CI " + f(lo) + "–" + (isNum(hi) ? f(hi) : "∞") : "no interval yet";
+  }
+
+  // "saving" only when the whole interval is above zero; "not-saving" when it is below.
+  function savingState(d) {
+    if (!isNum(d.net_saving_vs_ds)) return "waiting";
+    if (isNum(d.net_saving_vs_ds_low) && d.net_saving_vs_ds_low > 0) return "saving";
+    if (isNum(d.net_saving_vs_ds_high) && d.net_saving_vs_ds_high < 0) return "not-saving";
+    return "noise";
   }
 
   function renderEfficiency(stats) {
@@ -335,35 +342,57 @@
     const cfg = stats.config || {};
     const rpeg = d.rollouts_per_effective_group;
     const ds = d.ds_rollouts_per_effective_group;
-    const saving = isNum(rpeg) && isNum(ds) && ds > 0 ? 1 - rpeg / ds : null;
-    const savingState = saving === null ? "waiting" : saving > 0 ? "saving" : "not-saving";
-    setTile("tile-saving", saving, pct(saving), savingState);
+    const saving = d.net_saving_vs_ds;
+    const state = savingState(d);
+    const audited = (c.audits_mixed || 0) + (c.audits_pure || 0);
+    const savingCi = interval(d.net_saving_vs_ds_low, d.net_saving_vs_ds_high, pct);
+    setTile("tile-saving", saving, pct(saving), state);
+    setText('[data-testid="note-saving-interval"]', savingCi);
     setTile("tile-rollouts-per-effective-group", rpeg, fmt(rpeg));
     setTile("tile-ds-rollouts-per-effective-group", ds, fmt(ds));
+    setText('[data-testid="note-ds-interval"]', interval(d.ds_rollouts_per_effective_group_low,
+      d.ds_rollouts_per_effective_group_high, fmt) + " · " + fmt(audited) + " audited groups");
     setTile("tile-useful-fraction", d.useful_fraction, pct(d.useful_fraction));
-    setTile("tile-rollouts-saved-vs-ds", c.rollouts_saved_vs_ds, fmt(c.rollouts_saved_vs_ds));
+    setTile("tile-net-rollouts-saved-vs-ds", d.net_rollouts_saved_vs_ds, fmt(d.net_rollouts_saved_vs_ds, 0));
+    setText('[data-testid="note-net-saved-interval"]',
+      interval(d.net_rollouts_saved_vs_ds_low, d.net_rollouts_saved_vs_ds_high, (v) => fmt(v, 0)));
     setTile("tile-groups-delivered", c.groups_delivered, fmt(c.groups_delivered));
     setText('[data-testid="note-batches"]', fmt(c.batches_formed) + " batches · " + fmt(c.batches_acked) + " acked");
     setTile("tile-abandon-rate", d.abandon_rate, pct(d.abandon_rate));
     setTile("tile-expected-false-abandon-rate", d.expected_false_abandon_rate, pct(d.expected_false_abandon_rate, 2));
+    setTile("tile-false-abandon-rate", d.false_abandon_rate, pct(d.false_abandon_rate, 1));
+    setText('[data-testid="note-false-abandon-interval"]', fmt(audited) + " audited · " +
+      interval(d.false_abandon_rate_low, d.false_abandon_rate_high, pct));
+    setTile("tile-audit-cost", d.audit_cost_fraction, pct(d.audit_cost_fraction, 1));
+    renderVerdict(stats, state, savingCi);
+  }
 
+  function renderVerdict(stats, state, savingCi) {
+    const d = stats.derived || {};
+    const c = stats.counters || {};
     const verdict = byTestId("verdict");
-    verdict.dataset.state = savingState;
+    verdict.dataset.state = state;
     const main = $(".verdict-main", verdict);
     const sub = $(".verdict-sub", verdict);
-    if (saving === null) {
-      main.textContent = "Waiting for the first delivered groups…";
-      sub.textContent = fmt(c.rollouts_completed) + " rollouts completed so far under " + (cfg.policy || "?") + ".";
-    } else if (saving > 0) {
-      main.textContent = "Saving " + pct(saving) + " of rollouts against Dynamic Sampling";
-      sub.textContent = fmt(rpeg) + " rollouts per effective group instead of " + fmt(ds) +
-        dsRange(d) + " · useful fraction " + pct(d.useful_fraction) + " · " +
-        fmt(c.rollouts_saved_vs_ds) + " rollouts not spent on groups abandoned early";
+    const saving = d.net_saving_vs_ds;
+    const detail = fmt(d.rollouts_per_effective_group) + " rollouts per effective group here; DS " +
+      "would spend " + fmt(d.ds_rollouts_per_effective_group) + " (estimate, " +
+      interval(d.ds_rollouts_per_effective_group_low, d.ds_rollouts_per_effective_group_high, fmt) +
+      ") · measured false abandons " + pct(d.false_abandon_rate) + " · audit cost " +
+      pct(d.audit_cost_fraction);
+    if (state === "waiting") {
+      main.textContent = "No estimate yet: waiting for delivered groups and the first finished audit…";
+      sub.textContent = fmt(c.rollouts_completed) + " rollouts completed so far under " +
+        ((stats.config || {}).policy || "?") + ".";
+    } else if (state === "saving") {
+      main.textContent = "Saving " + pct(saving) + " of rollouts against Dynamic Sampling (" + savingCi + ")";
+      sub.textContent = detail;
+    } else if (state === "not-saving") {
+      main.textContent = "Spending " + pct(-saving) + " more rollouts than Dynamic Sampling (" + savingCi + ")";
+      sub.textContent = detail;
     } else {
-      main.textContent = "Not saving compute against Dynamic Sampling (estimate)";
-      sub.textContent = fmt(rpeg) + " rollouts per effective group, DS would spend " + fmt(ds) +
-        dsRange(d) + " (policy " + (cfg.policy || "?") + "; the estimate credits DS with " +
-        "false abandons under each prompt's learned posterior, which starts at the prior)";
+      main.textContent = pct(saving) + " against Dynamic Sampling: within noise (" + savingCi + ")";
+      sub.textContent = detail;
     }
   }
 
@@ -416,7 +445,7 @@
     hcanvas.dataset.values = JSON.stringify(hist);
     const abandoned = keys.reduce((a, key) => a + hist[key], 0);
     setText('[data-legend="abandoned"]', fmt(abandoned));
-    setText('[data-legend="saved"]', fmt((stats.counters || {}).rollouts_saved_vs_ds));
+    setText('[data-legend="saved"]', fmt((stats.counters || {}).rollouts_not_spent_on_abandoned_groups));
     // every n from the smallest seen (1, or 0 for skipped prompts) to k - 1, empty ones too
     const k = (stats.config || {}).group_size;
     const ns = keys.map(Number);
@@ -436,7 +465,7 @@
       return {
         label: "v" + b.policy_version,
         parts: [{ value: isNum(st.rollouts_spent) ? st.rollouts_spent : b.rollouts, color: color("sara") },
-                { value: st.rollouts_saved_vs_ds, color: color("saved") }],
+                { value: st.rollouts_not_spent_on_abandoned_groups, color: color("saved") }],
       };
     }), { empty: "no batch formed yet" });
   }
@@ -491,7 +520,7 @@
         el("td", { class: "num", text: fmt(st.groups_committed) }),
         el("td", { class: "num", text: fmt(st.groups_abandoned) }),
         el("td", { class: "num", text: fmt(st.groups_dropped) }),
-        el("td", { class: "num", text: fmt(st.rollouts_saved_vs_ds) }),
+        el("td", { class: "num", text: fmt(st.rollouts_not_spent_on_abandoned_groups) }),
         el("td", {}, st.ended_early ? [el("span", { class: "badge badge-early", text: "early" })] : ["–"]),
       ]);
     });
