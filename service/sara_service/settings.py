@@ -15,6 +15,8 @@ AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
 SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
+# chosen from the sweep in docs/benchmarks.md ("Posterior memory")
+DEFAULT_HALF_LIFE = 2.0
 
 
 class Settings(BaseSettings):
@@ -36,12 +38,22 @@ class Settings(BaseSettings):
     tau_skip: float = Field(0.1, ge=0.0, le=1.0)
     prior_alpha: float = Field(1.0, gt=0.0)
     prior_beta: float = Field(1.0, gt=0.0)
-    posterior_decay: float = Field(0.5, ge=0.0, le=1.0, description="lambda per policy version.")
+    # Memory runs on the pool's epochs, not on policy versions: a prompt is seen about once an
+    # epoch, often ten or more versions apart, and 0.5 per version (the old default) left 1e-4
+    # of its history by its next visit. See docs/benchmarks.md, "Posterior memory".
+    posterior_decay: float = Field(1.0, ge=0.0, le=1.0,
+                                   description="lambda per policy version (1: none; was 0.5).")
+    posterior_half_life: float = Field(
+        DEFAULT_HALF_LIFE, gt=0.0, allow_inf_nan=True,
+        description="Epochs of the pool after which a posterior's evidence weighs half; inf: "
+                    "never forget.")
     success_threshold: float = Field(0.5, description="A reward >= this counts as a success.")
     seed: int = 0
     selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")
     dps_decay: float = Field(0.5, ge=0.0, le=1.0, description="DPS count decay per version.")
     dps_prior: float = Field(1.0, gt=0.0, description="DPS Dirichlet prior on transitions.")
+    dps_censored: bool = Field(True, description="DPS sees an abandoned group as the prefix it "
+                               "saw (soft F/M or S/M), not as a full all-fail/all-success group.")
     mopps_target: float = Field(0.5, ge=0.0, le=1.0, description="MoPPS target success rate.")
 
     batch_size: int = Field(32, ge=1, le=4096)
