@@ -106,6 +106,8 @@ class Settings(BaseSettings):
         """The configuration in force, without secrets, as /stats shows it."""
         hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url"}
         out = self.model_dump(mode="json", exclude=hidden)
+        if out["posterior_half_life"] == float("inf"):  # JSON has no infinity; /stats would fail
+            out["posterior_half_life"] = "inf"
         out["auth_enabled"] = self.auth_enabled
         out["redis"] = "embedded" if self.redis_embedded or not self.redis_url else "external"
         return out
