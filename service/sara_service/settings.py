@@ -16,7 +16,7 @@ SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
-DEFAULT_HALF_LIFE = 2.0
+DEFAULT_HALF_LIFE = 4.0
 
 
 class Settings(BaseSettings):
