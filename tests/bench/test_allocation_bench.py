@@ -179,3 +179,21 @@ def test_small_run_through_the_service(tmp_path):
     assert {int(n): c for n, c in sara["counters"]["abandon_histogram"].items()} == {
         int(n): c for n, c in sara["abandon_hist"].items()}
     assert sara["false_abandon_rate"] < 0.5
+
+
+def test_history_memory_in_epochs_is_mirrored_by_the_reference_model(tmp_path):
+    """The half-life runs on the pool's clock in apply_results.lua, the scheduler and the
+    reference model alike: at a half-life of a fraction of an epoch (weights that are not powers
+    of two) and under the old per-version rule, both make the very same decisions."""
+    prefix = tmp_path / "memory"
+    code = bench.main(["--pool", "drifting", "--k", "8", "--methods",
+                       "ds,sara-history,sara-history-v0.5", "--groups", "256", "--prompts", "128",
+                       "--model-reps", "0", "--posterior-half-life", "0.7", "--no-progress",
+                       "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    for row in rows.values():
+        assert row["measured"]["n_violations"] == 0
+        assert row["model"]["same_as_service"], row["method"]
+    assert rows["sara-history"]["settings"]["posterior_half_life"] == 0.7
+    assert rows["sara-history-v0.5"]["settings"]["posterior_decay"] == 0.5
