@@ -18,7 +18,10 @@ the two other roles:
 Methods (all through the one engine, set by scheduler settings): uniform, Dynamic Sampling (DS),
 SARA at τ_low 0.3 / 0.45 / 0.5 with the paper's uniform prior, SARA with history priors, DPS and
 MoPPS (selection over DS), and SARA + DPS. Pools: `standard` and `drifting` (see
-`bench/_pools.py`), each at k = 8 and 16.
+`bench/_pools.py`), each at k = 8 and 16. Opt-in rows show the rules before issue 13 item 4
+beside the new ones: `sara-history-v0.5` and `mopps-v0.5` (posterior decay 0.5 per policy
+version, no half-life in epochs) and `sara-dps-hard` (DPS learns an abandoned group as a full
+all-fail/all-success label instead of the censored prefix it saw).
 
 Each measured figure is printed beside what it should be:
 
@@ -51,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -78,7 +82,10 @@ from _pools import (  # noqa: E402  (bench/ is not a package)
 from sara_client.models import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE, Rollout, SamplingParams  # noqa: E402
 from sara_service.allocation import plan_group  # noqa: E402  (flow-control weights only)
 from sara_service.scheduler import shuffled  # noqa: E402  (the epoch order, to mirror it)
-from sara_service.selection import DpsParams, dps_mixed_probability, mopps_score, top_by_score  # noqa: E402
+from sara_service.selection import (  # noqa: E402
+    DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
+)
+from sara_service.settings import DEFAULT_HALF_LIFE  # noqa: E402
 from sara_worker.backends.sim import SimBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +107,11 @@ class Method:
     selection: str = "epoch"
     prior: str = "uniform"
     tau: float = 0.5
+    # memory overrides, to show the old rules beside the new: per-version λ and half-life (in
+    # epochs of the pool); None takes the run's (--posterior-decay, --posterior-half-life)
+    posterior_decay: float | None = None
+    half_life: float | None = None
+    dps_censored: bool = True      # False: an abandoned group teaches DPS a full pure label
 
     @property
     def exact(self) -> bool:
@@ -120,7 +132,17 @@ METHODS = {m.key: m for m in (
     Method("dps", "DPS (DS)", "dynamic_sampling", selection="dps"),
     Method("mopps", "MoPPS (DS)", "dynamic_sampling", selection="mopps"),
     Method("sara-dps", "SARA+DPS", "sara", selection="dps", tau=0.5),
+    # the rules before issue 13, item 4: λ = 0.5 per policy version, no half-life; hard labels
+    Method("sara-history-v0.5", "SARA+hist old", "sara", prior="history", tau=0.5,
+           posterior_decay=0.5, half_life=math.inf),
+    Method("mopps-v0.5", "MoPPS old", "dynamic_sampling", selection="mopps",
+           posterior_decay=0.5, half_life=math.inf),
+    Method("sara-dps-hard", "SARA+DPS old", "sara", selection="dps", tau=0.5,
+           dps_censored=False),
 )}
+# what `python bench/allocation.py` runs without --methods: the old-rule rows are opt-in
+DEFAULT_METHODS = ("uniform", "ds", "sara-0.3", "sara-0.45", "sara-0.5", "sara-history", "dps",
+                   "mopps", "sara-dps")
 
 
 @dataclass(frozen=True)
@@ -135,7 +157,10 @@ class Config:
     batch_size: int = 32
     prefetch_batches: int = 2
     max_staleness: int = 1
-    posterior_decay: float = 0.99
+    posterior_decay: float = 1.0
+    posterior_half_life: float = DEFAULT_HALF_LIFE
+    # 0: the allocation rule alone, as the exact expectations assume; > 0 measures audit sampling
+    audit_fraction: float = 0.0
     dps_decay: float = 0.5
     selection_pool: int = 8
     tau_skip: float = 0.1
@@ -150,12 +175,21 @@ class Config:
     def make_pool(self) -> Pool:
         return make_pool(self.pool, self.prompts, self.seed, self.drift, self.versions_per_epoch)
 
+    def memory(self, method: Method) -> tuple[float, float]:
+        """(λ per policy version, half-life in epochs of the pool) in force for `method`."""
+        decay = self.posterior_decay if method.posterior_decay is None else method.posterior_decay
+        half_life = self.posterior_half_life if method.half_life is None else method.half_life
+        return decay, half_life
+
     def settings(self, method: Method, seed: int | None = None) -> dict[str, Any]:
         """Scheduler settings (`sara_service.settings.Settings` fields) for `method`."""
+        decay, half_life = self.memory(method)
         return dict(policy=method.policy, selection=method.selection, prior=method.prior,
                     tau_low=method.tau, tau_skip=self.tau_skip, group_size=self.k,
                     batch_size=self.batch_size, prefetch_batches=self.prefetch_batches,
-                    max_staleness=self.max_staleness, posterior_decay=self.posterior_decay,
+                    max_staleness=self.max_staleness, posterior_decay=decay,
+                    posterior_half_life=half_life, dps_censored=method.dps_censored,
+                    audit_fraction=self.audit_fraction,
                     dps_decay=self.dps_decay, selection_pool=self.selection_pool,
                     seed=self.seed if seed is None else seed, max_tokens=MAX_TOKENS,
                     # nothing may expire while a slow machine works through a round
@@ -427,6 +461,8 @@ class _Group:
     p_eff: float = 0.0
     min_v: int | None = None
     results: list[float] = field(default_factory=list)
+    audit: bool = False      # flagged at open: runs on to k where it would be abandoned
+    audited: bool = False    # it reached that point
 
 
 @dataclass(frozen=True)
@@ -461,8 +497,10 @@ class ModelService:
         self.pick_rng = random.Random(seed + 7919)      # stands in for Redis' HRANDFIELD
         self.target = cfg.prefetch_batches * cfg.batch_size
         self.version = 0
-        self.post = {pid: [1.0, 1.0, 0] for pid in pool.ids}     # a, b, v
-        self.obs: dict[str, list[tuple[int, str]]] = {pid: [] for pid in pool.ids}
+        self.decay, self.half_life = cfg.memory(method)
+        # a, b, v, t (the pool's clock at the last update; None until the first, as in Lua)
+        self.post: dict[str, list] = {pid: [1.0, 1.0, 0, None] for pid in pool.ids}
+        self.obs: dict[str, list[tuple]] = {pid: [] for pid in pool.ids}
         self.queue: deque[str] = deque()
         self.epoch = 0
         self.pending: deque[tuple[str, int]] = deque()
@@ -471,7 +509,9 @@ class ModelService:
         self.ready: deque[str] = deque()
         self.c = {"groups_opened": 0, "groups_skipped": 0, "groups_abandoned": 0,
                   "groups_committed": 0, "rollouts_completed": 0, "groups_delivered": 0,
-                  "groups_dropped_stale": 0, "groups_dropped_saturated": 0}
+                  "groups_dropped_stale": 0, "groups_dropped_saturated": 0,
+                  "groups_audited": 0, "audits_mixed": 0, "audits_pure": 0}
+        self.visits: dict[str, int] = {}                          # groups opened per prompt
         self.prior_plan = self._plan(1.0, 1.0)
         self._n = 0
 
@@ -498,25 +538,52 @@ class ModelService:
         return _Plan(t_f, t_s, min(t_f, t_s, k), list(reference.p_eff_fail),
                      list(reference.p_eff_success))
 
-    def _posterior_now(self, pid: str) -> tuple[float, float]:
-        a, b, v = self.post[pid]
-        w = self.cfg.posterior_decay ** max(0, self.version - v)
+    def _clock(self) -> float:
+        """Epochs of the pool: prompts consumed (groups opened + skipped) per prompt."""
+        return (self.c["groups_opened"] + self.c["groups_skipped"]) / len(self.pool.ids)
+
+    def _weight_since(self, v: int, t: float | None, clock: float) -> float:
+        """Evidence weight: λ per version times 0.5 per half-life of the pool's epochs, in the
+        order the Lua script (and the scheduler) multiply them."""
+        w = 1.0
+        if self.version > v:
+            w = self.decay ** (self.version - v)
+        epochs = 0.0 if t is None else clock - t
+        if math.isfinite(self.half_life) and epochs > 0:
+            w = w * 0.5 ** (epochs / self.half_life)
+        return w
+
+    def _posterior_now(self, pid: str, clock: float) -> tuple[float, float]:
+        a, b, v, t = self.post[pid]
+        w = self._weight_since(v, t, clock)
+        if w == 1.0:
+            return a, b
         return 1.0 + w * (a - 1.0), 1.0 + w * (b - 1.0)
 
-    def _learn(self, pid: str, success: bool) -> None:
-        a, b, v = self.post[pid]
-        if self.version > v:
-            w = self.cfg.posterior_decay ** (self.version - v)
+    def _learn(self, pid: str, success: bool, clock: float) -> None:
+        a, b, v, t = self.post[pid]
+        w = self._weight_since(v, t, clock)
+        if w != 1.0:
             a, b = 1.0 + w * (a - 1.0), 1.0 + w * (b - 1.0)
-        self.post[pid] = [a + success, b + (not success), max(v, self.version)]
+        self.post[pid] = [a + success, b + (not success), max(v, self.version),
+                          clock if t is None else max(t, clock)]
+
+    def _mixed_chance(self, pid: str, failing: bool, rest: int) -> float:
+        """q recorded for an abandoned group: P(the rest would not all have stayed pure) under
+        the prompt's posterior, rounded to 1e-6 as the store rounds it."""
+        a, b = self.post[pid][:2]
+        stay = 1.0
+        for j in range(rest):
+            stay = stay * ((b if failing else a) + j) / (a + b + j)
+        return math.floor((1.0 - stay) * 1e6 + 0.5) / 1e6
 
     def _weight(self, p_eff: float) -> float:
         """An open group's weight in flow control: uniform delivers every group it opens."""
         return 1.0 if self.m.policy == "uniform" else p_eff
 
-    def _observe(self, pid: str, outcome: str) -> None:
+    def _observe(self, pid: str, outcome: str, q: float | None = None) -> None:
         obs = self.obs[pid]
-        obs.append((self.version, outcome))
+        obs.append((self.version, outcome) if q is None else (self.version, outcome, q))
         if len(obs) > 16:
             del obs[0]
 
@@ -530,25 +597,27 @@ class ModelService:
             got += [self.queue.popleft() for _ in range(min(count - len(got), len(self.queue)))]
         return got
 
-    def _select(self, count: int) -> list[str]:
+    def _select(self, count: int, clock: float) -> list[str]:
         if self.m.selection == "epoch":
             return self._pop_epoch(count)
         ids = self.pool.ids
         pool = self.pick_rng.sample(ids, min(len(ids), count * self.cfg.selection_pool))
         if self.m.selection == "dps":
             params = DpsParams(decay=self.cfg.dps_decay, prior=1.0)
-            scores = [dps_mixed_probability(self.obs[p], self.version, params) for p in pool]
+            scores = [dps_mixed_probability(dps_observations(self.obs[p], self.m.dps_censored),
+                                            self.version, params) for p in pool]
         else:
-            scores = [mopps_score(*self._posterior_now(p), self.rng, 0.5) for p in pool]
+            scores = [mopps_score(*self._posterior_now(p, clock), self.rng, 0.5) for p in pool]
         return top_by_score(pool, scores, count, self.rng)
 
     def _open(self, wanted: int) -> int:
         count = min(self.target, math.ceil(wanted / max(1, self.prior_plan.issue)))
-        pids = self._select(count)
+        clock = self._clock()  # read once, before this call's skips move it (as the service)
+        pids = self._select(count, clock)
         chosen = []
         for pid in pids:
             plan = self.prior_plan if self.m.prior == "uniform" else self._plan(
-                *self._posterior_now(pid))
+                *self._posterior_now(pid, clock))
             if plan.skip:
                 self.c["groups_skipped"] += 1
             else:
@@ -562,8 +631,11 @@ class ModelService:
             if expected >= self.target:
                 break
             self._n += 1
+            visit = self.visits.get(pid, 0)
+            self.visits[pid] = visit + 1
             g = _Group(f"g{self._n}", pid, plan.thr_f, plan.thr_s, plan.pf, plan.ps,
-                       issued=plan.issue, p_eff=plan.pf[0])
+                       issued=plan.issue, p_eff=plan.pf[0],
+                       audit=audit_draw(self.seed, pid, visit, self.cfg.audit_fraction))
             self.groups[g.gid] = g
             self.open[g.gid] = self._weight(g.p_eff)
             self.pending.extend((g.gid, slot) for slot in range(plan.issue))
@@ -598,11 +670,12 @@ class ModelService:
 
     async def report(self, results: list[dict]) -> list[tuple[str, str]]:
         decided: dict[str, str] = {}
+        clock = self._clock()
         for r in results:
             gid = r["rollout_id"].rpartition(":")[0]
             g = self.groups[gid]
             success = r["reward"] >= 0.5
-            self._learn(g.pid, success)
+            self._learn(g.pid, success, clock)
             if g.state == "abandoned":  # a late result: the posterior learns, nothing else
                 decided[gid] = "abandon"
                 continue
@@ -625,6 +698,7 @@ class ModelService:
             g.state, g.p_eff = "committed", 1.0
             self.open[g.gid] = 1.0
             self.c["groups_committed"] += 1
+            self.c["audits_mixed"] += g.audited
             self._observe(g.pid, "M")
             self._issue(g, self.k)
             return "commit"
@@ -632,11 +706,16 @@ class ModelService:
         n, thr = (g.f, g.thr_f) if failing else (g.s, g.thr_s)
         table = g.pf if failing else g.ps
         p = table[min(n, thr, self.k)]
-        if n >= thr:
+        if n >= thr and g.audit and not g.audited:
+            g.audited = True
+            self.c["groups_audited"] += 1
+            self._issue(g, self.k)
+        if n >= thr and not g.audited:
             g.state, g.p_eff = "abandoned", p
             self.open.pop(g.gid, None)
             self.c["groups_abandoned"] += 1
-            self._observe(g.pid, "F" if failing else "S")
+            self._observe(g.pid, "F" if failing else "S",
+                          self._mixed_chance(g.pid, failing, self.k - n))
             return "abandon"
         g.p_eff = p
         self.open[g.gid] = self._weight(p)
@@ -657,6 +736,7 @@ class ModelService:
             else:
                 g.state = "dropped"
                 self.c["groups_dropped_saturated"] += 1
+            self.c["audits_pure"] += g.audited
 
     async def next_batch(self) -> DeliveredBatch | None:
         picked: list[str] = []
@@ -687,6 +767,15 @@ class ModelService:
 
     async def counters(self) -> dict[str, Any]:
         return dict(self.c)
+
+
+def audit_draw(seed: int, pid: str, visit: int, fraction: float) -> bool:
+    """open_groups.lua's audit flag: the first 48 bits of sha1("seed:prompt:visit") below the
+    fraction (written from the script's comment, so the model can make the same draws)."""
+    if fraction <= 0:
+        return False
+    digest = hashlib.sha1(f"{seed}:{pid}:{visit}".encode()).hexdigest()
+    return int(digest[:12], 16) / 2**48 < fraction
 
 
 def _tie(k: int, a: float, b: float, tau: float) -> bool:
@@ -854,7 +943,8 @@ def _jobs(cfgs: list[Config], methods: list[str]) -> list[Job]:
             jobs += [Job(cfg, key, "model", rep) for rep in range(cfg.model_reps + 1)]
     # longest first (service runs of the costliest methods), so the pool's tail is short
     cost = {"uniform": 37, "ds": 37, "sara-0.3": 31, "sara-0.45": 29, "sara-0.5": 28,
-            "sara-history": 24, "dps": 20, "mopps": 24, "sara-dps": 20}
+            "sara-history": 24, "dps": 20, "mopps": 24, "sara-dps": 20,
+            "sara-history-v0.5": 28, "mopps-v0.5": 33, "sara-dps-hard": 20}
     return sorted(jobs, key=lambda j: -(cost.get(j.method, 30) * j.cfg.k * j.cfg.groups
                                         * (1 if j.engine == "service" else 0.1)))
 
@@ -1030,11 +1120,14 @@ def format_table(rows: list[dict[str, Any]], cfgs: list[Config]) -> str:
             if METHODS[r["method"]].abandons:
                 estimate = _num(d.get("estimated_false_abandon_rate"), ".4f")
                 bound = _num(d.get("expected_false_abandon_rate"), ".3f")
-                fa = (f"false abandons: service's estimate {estimate}, mean p_eff at "
-                      f"abandonment {bound}; ")
+                audited = _num(d.get("false_abandon_rate"), ".3f")
+                fa = (f"false abandons: audited {audited}, posterior model {estimate}, mean "
+                      f"p_eff at abandonment {bound}; ")
             skipped = f"{c['groups_skipped']} prompts skipped; " if c.get("groups_skipped") else ""
             if METHODS[r["method"]].abandons and ds is not None:
                 fa += (f"its DS estimate {_num(d.get('ds_rollouts_per_effective_group'), '.1f')} "
+                       f"[95% {_num(d.get('ds_rollouts_per_effective_group_low'), '.1f')}, "
+                       f"{_num(d.get('ds_rollouts_per_effective_group_high'), '.1f')}] "
                        f"(DS measured {ds['measured']['rollouts_per_effective']:.1f}); ")
             checks.append(f"    {r['label']:<14} service's own rollouts/eff.group "
                           f"{_num(svc, '.2f')} (whole run); {fa}{skipped}{m['seconds']:.0f}s; "
@@ -1127,9 +1220,10 @@ def header(cfgs: list[Config], methods: list[str], argv: list[str], seconds: flo
         f"per run; sim outcomes (SimBackend.outcome, max_tokens {MAX_TOKENS}); one worker with "
         f"unlimited capacity in sync rounds; trainer acks every batch and publishes a version",
         f"settings:  batch_size {cfg.batch_size}, prefetch_batches {cfg.prefetch_batches}, "
-        f"max_staleness {cfg.max_staleness}, posterior_decay {cfg.posterior_decay} "
-        f"(history, MoPPS), dps_decay {cfg.dps_decay}, selection_pool {cfg.selection_pool}, "
-        f"seed {cfg.seed}",
+        f"max_staleness {cfg.max_staleness}, posterior_decay {cfg.posterior_decay} per version "
+        f"and posterior_half_life {cfg.posterior_half_life:g} epochs (history, MoPPS; the "
+        f"'old' rows: 0.5 per version, no half-life, hard DPS labels), "
+        f"dps_decay {cfg.dps_decay}, selection_pool {cfg.selection_pool}, seed {cfg.seed}",
         f"methods:   {', '.join(methods)}",
         "",
     ])
@@ -1144,7 +1238,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pool", default="standard,drifting",
                    help="comma list of: " + ", ".join(POOLS))
     p.add_argument("--k", default="8,16", help="comma list of group sizes")
-    p.add_argument("--methods", default=",".join(METHODS),
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of: " + ", ".join(METHODS))
     p.add_argument("--groups", type=int, default=2048, help="effective groups per method")
     p.add_argument("--prompts", type=int, default=1024, help="pool size")
@@ -1153,9 +1247,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="CI: standard pool, k=16, 256 groups, 256 prompts, 1 model rep")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--prefetch-batches", type=int, default=2)
-    p.add_argument("--posterior-decay", type=float, default=0.99,
-                   help="λ per policy version for SARA+history and MoPPS (service default 0.5)")
+    p.add_argument("--posterior-decay", type=float, default=1.0,
+                   help="λ per policy version for SARA+history and MoPPS (service default 1)")
+    p.add_argument("--posterior-half-life", type=float, default=DEFAULT_HALF_LIFE,
+                   help="half-life in epochs of the pool for SARA+history and MoPPS (inf: "
+                        f"never forget; service default {DEFAULT_HALF_LIFE:g})")
     p.add_argument("--dps-decay", type=float, default=0.5)
+    p.add_argument("--audit", type=float, default=0.0,
+                   help="SARA_AUDIT_FRACTION for every method (0: off, as the exact figures "
+                        "assume; the service's default is 0.05)")
     p.add_argument("--drift", type=float, default=DEFAULT_DRIFT, help="γ gained per epoch")
     p.add_argument("--model-reps", type=int, default=3)
     p.add_argument("--jobs", type=int, default=1,
@@ -1182,7 +1282,10 @@ def configs(args: argparse.Namespace) -> list[Config]:
             out.append(Config(pool=pool.strip(), k=int(k), groups=args.groups,
                               prompts=args.prompts, seed=args.seed, batch_size=args.batch_size,
                               prefetch_batches=args.prefetch_batches,
-                              posterior_decay=args.posterior_decay, dps_decay=args.dps_decay,
+                              posterior_decay=args.posterior_decay,
+                              posterior_half_life=args.posterior_half_life,
+                              audit_fraction=args.audit,
+                              dps_decay=args.dps_decay,
                               drift=args.drift, model_reps=args.model_reps))
     return out
 

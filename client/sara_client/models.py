@@ -64,6 +64,8 @@ class Posterior(_Answer):
     alpha: float
     beta: float
     version: int = Field(description="Policy version the counts were last decayed to.")
+    epoch: float | None = Field(None, description="Epochs of the pool (prompts consumed per "
+                                "prompt) the counts were last decayed to; none before any result.")
 
 
 class PromptHistory(_Answer):

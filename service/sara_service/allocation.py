@@ -56,6 +56,19 @@ def _real(name: str, value: object) -> float:
     return number
 
 
+def _real_or_inf(name: str, value: object) -> float:
+    # a half-life may be infinite (never forget); NaN and negatives are caller bugs
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(number) or number < 0.0:
+        raise ValueError(f"{name} must be >= 0 or inf, got {value!r}")
+    return number
+
+
 def _positive(name: str, value: object) -> float:
     number = _real(name, value)
     if number <= 0.0:
@@ -279,19 +292,40 @@ def _toward(prior: float, current: float, weight: float) -> float:
     return min(max(value, min(prior, current)), max(prior, current))
 
 
-def decay_posterior(
-    alpha: float, beta: float, alpha0: float, beta0: float, decay: float, versions_elapsed: int
-) -> tuple[float, float]:
-    """Shrink a posterior toward its prior as the policy moves on.
+def decay_weight(decay: float, versions_elapsed: int, half_life: float = math.inf,
+                 epochs_elapsed: float = 0.0) -> float:
+    """The weight old evidence keeps: decay**dv * 0.5**(de / half_life).
 
-    alpha <- alpha0 + decay**dv * (alpha - alpha0), same for beta, dv = versions_elapsed.
-    dv = 0 returns (alpha, beta) unchanged; decay = 0 with dv > 0 returns the prior.
+    dv = policy versions elapsed, de = epochs of the pool elapsed (groups opened or prompts
+    skipped, divided by the pool's size). half_life = inf (or 0, "off") leaves de out. The
+    operations and their order are those of apply_results.lua, so the two agree to the bit.
+    """
+    decay = _unit("decay", decay)
+    elapsed = _int_at_least("versions_elapsed", versions_elapsed, 0)
+    half_life = _real_or_inf("half_life", half_life)
+    epochs = _real("epochs_elapsed", epochs_elapsed)
+    weight = 1.0
+    if elapsed > 0:
+        weight = decay**elapsed  # underflows to 0.0 (the prior) for long gaps; never raises
+    if 0.0 < half_life < math.inf and epochs > 0.0:
+        weight = weight * 0.5 ** (epochs / half_life)
+    return weight
+
+
+def decay_posterior(
+    alpha: float, beta: float, alpha0: float, beta0: float, decay: float, versions_elapsed: int,
+    half_life: float = math.inf, epochs_elapsed: float = 0.0,
+) -> tuple[float, float]:
+    """Shrink a posterior toward its prior as the policy and the pool move on.
+
+    alpha <- alpha0 + w * (alpha - alpha0), same for beta, with w = `decay_weight(...)`: decay
+    per policy version, and a half-life in epochs of the pool (a prompt's history should last
+    to its next visit, an epoch later, whatever the number of versions in between). Nothing
+    elapsed returns (alpha, beta) unchanged; decay = 0 with dv > 0 returns the prior.
     """
     alpha, beta = _positive("alpha", alpha), _positive("beta", beta)
     alpha0, beta0 = _positive("alpha0", alpha0), _positive("beta0", beta0)
-    decay = _unit("decay", decay)
-    elapsed = _int_at_least("versions_elapsed", versions_elapsed, 0)
-    if elapsed == 0:
+    weight = decay_weight(decay, versions_elapsed, half_life, epochs_elapsed)
+    if weight == 1.0:
         return alpha, beta
-    weight = decay**elapsed  # underflows to 0.0 (the prior) for long gaps; never raises
     return _toward(alpha0, alpha, weight), _toward(beta0, beta, weight)

@@ -24,7 +24,9 @@ from sara_client.models import (
 
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
 from .observability import ds_estimate, read_counters
-from .selection import DpsParams, dps_mixed_probability, mopps_score, top_by_score
+from .selection import (
+    DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
+)
 from .settings import Settings
 from .store import Store
 
@@ -89,12 +91,15 @@ class Scheduler:
 
     # --- opening groups --------------------------------------------------------------------------
 
-    def _posterior_now(self, post: dict | None, version: int) -> tuple[float, float]:
+    def _posterior_now(self, post: dict | None, version: int, clock: float
+                       ) -> tuple[float, float]:
+        """The posterior decayed to now: `version` and the pool's `clock` (store.pool_clock)."""
         s = self.settings
         if not post:
             return s.prior_alpha, s.prior_beta
         return decay_posterior(post["a"], post["b"], s.prior_alpha, s.prior_beta,
-                               s.posterior_decay, max(0, version - int(post.get("v", version))))
+                               s.posterior_decay, max(0, version - int(post.get("v", version))),
+                               s.posterior_half_life, max(0.0, clock - post.get("t", clock)))
 
     async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
         """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
@@ -104,10 +109,11 @@ class Scheduler:
                 return [], len(pids)
             return [(_new_id("g"), pid, self._prior_plan) for pid in pids], 0
         version = (await self.store.get_policy()).version
+        clock = await self.store.pool_clock()
         posts = await self.store.posteriors(pids)
         chosen, skipped = [], 0
         for pid, post in zip(pids, posts):
-            a, b = self._posterior_now(post, version)
+            a, b = self._posterior_now(post, version, clock)
             if s.selection == "history" and p_eff(0, 0, s.group_size, a, b) < s.tau_skip:
                 skipped += 1
                 continue
@@ -129,10 +135,12 @@ class Scheduler:
         posts = [p or {} for p in await self.store.posteriors(pool)]
         if s.selection == "dps":
             params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
-            scores = [dps_mixed_probability(p.get("obs") or [], version, params) for p in posts]
+            scores = [dps_mixed_probability(dps_observations(p.get("obs") or [], s.dps_censored),
+                                            version, params) for p in posts]
         else:
-            scores = [mopps_score(*self._posterior_now(p, version), self._rng, s.mopps_target)
-                      for p in posts]
+            clock = await self.store.pool_clock()
+            scores = [mopps_score(*self._posterior_now(p, version, clock), self._rng,
+                                  s.mopps_target) for p in posts]
         return top_by_score(pool, scores, count, self._rng)
 
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
@@ -208,7 +216,8 @@ class Scheduler:
                      for r in req.results]
         applied = await self.store.apply_results(self.clock(), req.worker_id, req.results,
                                                  successes, s.posterior_decay, s.prior_alpha,
-                                                 s.prior_beta, s.retention_s)
+                                                 s.prior_beta, s.retention_s,
+                                                 s.posterior_half_life)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,

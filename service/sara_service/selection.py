@@ -9,6 +9,11 @@ that short history; the scheduler draws a candidate pool and keeps the best-scor
   per observed transition. Between observations the belief over the prompt's state is pushed
   forward through the learned transition matrix, one step per policy version, so a prompt not
   sampled for a while drifts back toward the prior's prediction.
+  A group SARA abandoned is censored: it saw only a pure prefix, and would have ended mixed with
+  probability q (the store records q with the outcome, from the prompt's posterior). It counts
+  as a soft observation: the belief becomes (1-q, q, 0) for 'F' ((0, q, 1-q) for 'S'), and the
+  transition counts gain the outer product of the previous and this belief (one count, spread).
+  q = 0 is the hard label.
 - MoPPS: Thompson-sample a success rate from the prompt's (decayed) Beta posterior and prefer
   prompts whose sample is nearest a target rate (0.5: most likely to give a mixed group).
 """
@@ -58,20 +63,36 @@ def _advance(belief: list[float], counts: Matrix, steps: int,
     return belief, counts
 
 
+def dps_observations(stored: Sequence[Sequence], censored: bool = True) -> list[tuple]:
+    """The store's obs entries, [version, outcome] or [version, outcome, q] for an abandoned
+    group, as `dps_mixed_probability` takes them; censored=False drops q (the old hard labels)."""
+    return [tuple(o) if censored else tuple(o[:2]) for o in stored]
+
+
 def dps_mixed_probability(observations: Sequence[Sequence], version: int,
                           params: DpsParams = DpsParams()) -> float:
-    """P(the prompt's next group is mixed) at policy `version`, from (version, 'F'|'M'|'S') pairs."""
+    """P(the prompt's next group is mixed) at policy `version`, from (version, 'F'|'M'|'S')
+    pairs, or triples (version, 'F'|'S', q) for a censored group that would have been mixed with
+    probability q."""
     # stable by version: observations of one version keep the order they were recorded in
-    key = tuple((int(seen_at), str(outcome))
-                for seen_at, outcome in sorted(observations, key=lambda o: int(o[0])))
+    key = tuple((int(o[0]), str(o[1]), float(o[2]) if len(o) > 2 else 0.0)
+                for o in sorted(observations, key=lambda o: int(o[0])))
     return _predicted_mixed(key, int(version), params)
+
+
+def _belief_after(outcome: str, q: float) -> list[float]:
+    """The state's distribution given the observation; a pure label with q > 0 is censored."""
+    if outcome == "M":
+        return [0.0, 1.0, 0.0]
+    q = min(1.0, max(0.0, q))
+    return [1.0 - q, q, 0.0] if outcome == "F" else [0.0, q, 1.0 - q]
 
 
 # A scheduler scores selection_pool candidates for every group it opens, and a prompt's
 # observations change only when one of its groups ends: both steps are cached, so a score costs
 # a dictionary lookup in the common case instead of a walk over every observation.
 @functools.lru_cache(maxsize=1 << 16)
-def _predicted_mixed(observations: tuple[tuple[int, str], ...], version: int,
+def _predicted_mixed(observations: tuple[tuple[int, str, float], ...], version: int,
                      params: DpsParams) -> float:
     belief, counts, at = _filtered(observations, params)
     if at is None:  # never observed: the prior's one-step prediction
@@ -82,21 +103,25 @@ def _predicted_mixed(observations: tuple[tuple[int, str], ...], version: int,
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _filtered(observations: tuple[tuple[int, str], ...], params: DpsParams
+def _filtered(observations: tuple[tuple[int, str, float], ...], params: DpsParams
               ) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...], int | None]:
     """The HMM's belief and transition counts just after the last observation, and its version."""
     counts: Matrix = [[params.prior] * 3 for _ in range(3)]
     belief = [1 / 3] * 3
-    previous: int | None = None
+    previous: list[float] | None = None
     at: int | None = None
-    for seen_at, outcome in observations:
-        state = _INDEX[outcome]
+    for seen_at, outcome, q in observations:
+        if outcome not in _INDEX:
+            raise ValueError(f"outcome must be one of {STATES}, got {outcome!r}")
+        current = _belief_after(outcome, q)
         if at is not None:
             belief, counts = _advance(belief, counts, seen_at - at, params)
-        if previous is not None:
-            counts[previous][state] += 1.0
-        belief = [1.0 if i == state else 0.0 for i in range(3)]
-        previous, at = state, seen_at
+        if previous is not None:  # hard labels: exactly one count at [previous][current]
+            for i in range(3):
+                for j in range(3):
+                    counts[i][j] += previous[i] * current[j]
+        belief = current
+        previous, at = current, seen_at
     return tuple(belief), tuple(tuple(row) for row in counts), at
 
 

@@ -15,6 +15,8 @@ AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
 SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
+# chosen from the sweep in docs/benchmarks.md ("Posterior memory")
+DEFAULT_HALF_LIFE = 4.0
 
 
 class Settings(BaseSettings):
@@ -36,7 +38,15 @@ class Settings(BaseSettings):
     tau_skip: float = Field(0.1, ge=0.0, le=1.0)
     prior_alpha: float = Field(1.0, gt=0.0)
     prior_beta: float = Field(1.0, gt=0.0)
-    posterior_decay: float = Field(0.5, ge=0.0, le=1.0, description="lambda per policy version.")
+    # Memory runs on the pool's epochs, not on policy versions: a prompt is seen about once an
+    # epoch, often ten or more versions apart, and 0.5 per version (the old default) left 1e-4
+    # of its history by its next visit. See docs/benchmarks.md, "Posterior memory".
+    posterior_decay: float = Field(1.0, ge=0.0, le=1.0,
+                                   description="lambda per policy version (1: none; was 0.5).")
+    posterior_half_life: float = Field(
+        DEFAULT_HALF_LIFE, gt=0.0, allow_inf_nan=True,
+        description="Epochs of the pool after which a posterior's evidence weighs half; inf: "
+                    "never forget.")
     audit_fraction: float = Field(
         0.05, ge=0.0, le=1.0,
         description="Share of the groups SARA would abandon that run on to k instead, so the run "
@@ -46,6 +56,8 @@ class Settings(BaseSettings):
     selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")
     dps_decay: float = Field(0.5, ge=0.0, le=1.0, description="DPS count decay per version.")
     dps_prior: float = Field(1.0, gt=0.0, description="DPS Dirichlet prior on transitions.")
+    dps_censored: bool = Field(True, description="DPS sees an abandoned group as the prefix it "
+                               "saw (soft F/M or S/M), not as a full all-fail/all-success group.")
     mopps_target: float = Field(0.5, ge=0.0, le=1.0, description="MoPPS target success rate.")
 
     batch_size: int = Field(32, ge=1, le=4096)
@@ -98,6 +110,8 @@ class Settings(BaseSettings):
         """The configuration in force, without secrets, as /stats shows it."""
         hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url"}
         out = self.model_dump(mode="json", exclude=hidden)
+        if out["posterior_half_life"] == float("inf"):  # JSON has no infinity; /stats would fail
+            out["posterior_half_life"] = "inf"
         out["auth_enabled"] = self.auth_enabled
         out["redis"] = "embedded" if self.redis_embedded or not self.redis_url else "external"
         return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Awaitable, Callable, TypeVar
@@ -122,6 +123,17 @@ class Store:
         return [json.loads(r) if r else None for r in raw]
 
     @_unavailable_on_redis_error
+    async def pool_clock(self) -> float:
+        """Epochs of the pool so far: prompts consumed (groups opened + prompts skipped) per
+        prompt, the clock posterior half-lives run on (apply_results.lua computes the same).
+        Adding prompts slows it; it never runs backwards for a posterior (each keeps its max)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hlen(self.keys.prompts)
+        pipe.hmget(self.keys.stats, ["groups_opened", "groups_skipped"])
+        n, (opened, skipped) = await pipe.execute()
+        return (int(opened or 0) + int(skipped or 0)) / n if n else 0.0
+
+    @_unavailable_on_redis_error
     async def pop_epoch(self, count: int, seed: int,
                         shuffle: Callable[[list[str], int], list[str]]) -> list[str]:
         """Up to `count` prompt ids from the epoch queue, starting a new epoch when it runs dry."""
@@ -216,8 +228,11 @@ class Store:
     @_unavailable_on_redis_error
     async def apply_results(self, now: float, worker_id: str, results: list[RolloutResult],
                             successes: list[int], decay: float, alpha0: float, beta0: float,
-                            retention_s: float) -> AppliedResults:
+                            retention_s: float, half_life: float = math.inf) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
+
+        Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
+        the pool (see `pool_clock`; inf: never).
 
         `successes` holds 1/0 per result, -1 for an aborted rollout (no outcome learned) or -2
         for a worker error (no outcome, until the third on one slot: then a failure).
@@ -225,8 +240,11 @@ class Store:
         k = self.keys
         group_index: dict[str, int] = {}
         unknown: list[str] = []
-        args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, len(results)]
-        base = 15  # KEYS positions 1..14 are the fixed keys below (Lua counts from 1)
+        # Lua cannot read "inf" portably: 0 stands for no half-life
+        lua_half_life = repr(half_life) if math.isfinite(half_life) else 0
+        args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, lua_half_life,
+                           len(results)]
+        base = 16  # KEYS positions 1..15 are the fixed keys below (Lua counts from 1)
         for r, ok in zip(results, successes):
             parsed = split_rollout_id(r.rollout_id)
             if parsed is None:
@@ -240,7 +258,7 @@ class Store:
             raise UnknownRollouts(unknown)
         keys = [k.slots, k.inflight, k.pending, k.stats, k.open_groups, k.ready, k.posteriors,
                 k.cancels, k.abandon_hist, k.workers, k.worker_info, k.policy, k.gc,
-                k.group_states, *(k.group(g) for g in group_index)]
+                k.group_states, k.prompts, *(k.group(g) for g in group_index)]
         out = await self._run("apply_results", keys, args)
         if _s(out[0]) == "unknown":
             raise UnknownRollouts([_s(x) for x in out[1]])

@@ -183,7 +183,10 @@ async def test_worker_holding_an_answered_copy_is_told_to_cancel(api, channel):
     assert (await api.lease("w2", 1))["cancel"] == []  # drained once delivered
 
 
-async def test_cancelled_copy_reported_anyway_is_late_and_updates_posterior(api):
+async def test_cancelled_copy_reported_anyway_is_late_and_updates_posterior(make_api):
+    # w2's lease opens another group of the one-prompt pool, an epoch later: no half-life, so
+    # the posterior counts plainly (the half-life is tested in tests/store)
+    api = await make_api(posterior_half_life=float("inf"))
     await api.add(prompt_spec("f", "fail"))
     old = by_slot((await api.lease("w1", 4))["rollouts"])
     api.clock.advance(api.settings.lease_ttl_s + 1)

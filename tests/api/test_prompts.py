@@ -62,7 +62,7 @@ async def test_get_prompt_shows_content_prior_posterior_and_empty_history(api):
     assert got == {
         "id": "p1", "prompt": "question p1", "answer": "42", "task": "math",
         "meta": {"script": "mixed"},
-        "posterior": {"alpha": 1.0, "beta": 1.0, "version": 0},
+        "posterior": {"alpha": 1.0, "beta": 1.0, "version": 0, "epoch": None},
         "history": {"groups": 0, "committed": 0, "abandoned": 0, "rollouts": 0,
                     "successes": 0, "last_group_id": None},
     }
@@ -72,7 +72,8 @@ async def test_initial_posterior_is_the_configured_prior_at_the_current_version(
     api = await make_api(prior_alpha=2.0, prior_beta=3.0)
     assert (await api.publish(3)).status_code == 200
     await api.add(prompt_spec("p1", "fail"))
-    assert (await api.prompt("p1"))["posterior"] == {"alpha": 2.0, "beta": 3.0, "version": 3}
+    assert (await api.prompt("p1"))["posterior"] == {"alpha": 2.0, "beta": 3.0, "version": 3,
+                                                     "epoch": None}
 
 
 async def test_defaults_for_optional_fields(api):

@@ -61,3 +61,13 @@ async def test_history_selection_skips_prompts_known_to_saturate(make_api):
     fail = (await api.prompt("f"))["history"]["groups"]
     mixed = (await api.prompt("m"))["history"]["groups"]
     assert mixed > fail
+
+
+async def test_an_infinite_half_life_is_served_and_shown(make_api):
+    # JSON has no infinity: /stats shows the string, and the posterior still learns
+    api = await make_api(posterior_half_life=float("inf"), batch_size=2, prefetch_batches=1)
+    await api.add(prompt_spec("m", "mixed"))
+    await _train_rounds(api, 2)
+    assert (await api.stats())["config"]["posterior_half_life"] == "inf"
+    posterior = (await api.prompt("m"))["posterior"]
+    assert posterior["alpha"] > 1 and posterior["beta"] > 1 and posterior["epoch"] > 0

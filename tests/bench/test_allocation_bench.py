@@ -179,3 +179,37 @@ def test_small_run_through_the_service(tmp_path):
     assert {int(n): c for n, c in sara["counters"]["abandon_histogram"].items()} == {
         int(n): c for n, c in sara["abandon_hist"].items()}
     assert sara["false_abandon_rate"] < 0.5
+
+
+def test_history_memory_in_epochs_is_mirrored_by_the_reference_model(tmp_path):
+    """The half-life runs on the pool's clock in apply_results.lua, the scheduler and the
+    reference model alike: at a half-life of a fraction of an epoch (weights that are not powers
+    of two) and under the old per-version rule, both make the very same decisions."""
+    prefix = tmp_path / "memory"
+    code = bench.main(["--pool", "drifting", "--k", "8", "--methods",
+                       "ds,sara-history,sara-history-v0.5", "--groups", "256", "--prompts", "128",
+                       "--model-reps", "0", "--posterior-half-life", "0.7", "--no-progress",
+                       "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    for row in rows.values():
+        assert row["measured"]["n_violations"] == 0
+        assert row["model"]["same_as_service"], row["method"]
+    assert rows["sara-history"]["settings"]["posterior_half_life"] == 0.7
+    assert rows["sara-history-v0.5"]["settings"]["posterior_decay"] == 0.5
+
+
+def test_audit_sampling_is_mirrored_by_the_reference_model(tmp_path):
+    """With audits on, the service and the reference model flag the same groups (the same hash
+    of seed, prompt and visit) and run them on to k alike: the very same decisions."""
+    prefix = tmp_path / "audit"
+    code = bench.main(["--pool", "standard", "--k", "8", "--methods", "ds,sara-0.5",
+                       "--groups", "256", "--prompts", "128", "--model-reps", "0",
+                       "--audit", "0.3", "--no-progress", "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    sara = rows["sara-0.5"]
+    assert sara["model"]["same_as_service"] and sara["settings"]["audit_fraction"] == 0.3
+    assert sara["measured"]["counters"]["audits_mixed"] + \
+        sara["measured"]["counters"]["audits_pure"] > 0
+    assert bench.audit_draw(3, "p1", 0, 0.0) is False and bench.audit_draw(3, "p1", 0, 1.0)

@@ -559,9 +559,10 @@ class StoreMachine(RuleBasedStateMachine):
         pipe.hgetall(k.group_states)
         pipe.lrange(k.ready, 0, -1)
         pipe.hgetall(k.posteriors)
+        pipe.hlen(k.prompts)
         for gid in sorted(self.groups):
             pipe.hgetall(k.group(gid))
-        stats, slots, states, ready, posteriors, *rows = self.run(pipe.execute())
+        stats, slots, states, ready, posteriors, n_prompts, *rows = self.run(pipe.execute())
         stats = {_s(a): float(_s(b)) for a, b in stats.items()}
         slots = {_s(a): _s(b) for a, b in slots.items()}
 
@@ -603,6 +604,14 @@ class StoreMachine(RuleBasedStateMachine):
         posts = [json.loads(_s(v)) for v in posteriors.values()]
         assert sum(p.get("rollouts", 0) for p in posts) == self.posterior_rollouts
         assert sum(p.get("successes", 0) for p in posts) == self.posterior_successes
+        # the pool's clock (epochs) only runs forward: no posterior is ahead of it; only an
+        # abandoned (censored) group's outcome carries q, a probability
+        clock = (get("groups_opened") + get("groups_skipped")) / n_prompts
+        for p in posts:
+            assert p.get("t", 0.0) <= clock
+            censored = [o for o in p.get("obs", []) if len(o) == 3]
+            assert len(censored) <= p.get("abandoned", 0)
+            assert all(o[1] in ("F", "S") and 0.0 <= o[2] <= 1.0 for o in censored)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from sara_client.models import PromptIn, RolloutResult
-from sara_service.allocation import plan_group
+from sara_service.allocation import decay_posterior, plan_group
 from sara_service.errors import Conflict, NotFound, UnknownRollouts
 
 pytestmark = pytest.mark.anyio
@@ -235,6 +235,35 @@ async def test_posterior_decays_toward_the_prior_as_the_policy_moves(store):
     assert post["v"] == 2 and post["groups"] == 2
 
 
+async def _group_at_half_life(store, gid, outcomes, half_life, skipped=0):
+    await store.open_groups(0.0, 100, [(gid, "p", DS8)], "complete", skipped)
+    results = [RolloutResult(rollout_id=f"{gid}:{i}", reward=float(o))
+               for i, o in enumerate(outcomes)]
+    await store.apply_results(1.0, "w", results, list(outcomes), 1.0, 1.0, 1.0, 100.0, half_life)
+    return (await store.get_prompt("p"))[1]
+
+
+async def test_posterior_halves_per_half_life_in_epochs_of_the_pool_not_per_version(store):
+    # the pool is the one prompt "p": each group opened (or prompt skipped) is one epoch
+    post = await _group_at_half_life(store, "a", (1, 1, 1, 1, 1, 0, 0, 0), half_life=1.0)
+    assert (post["a"], post["b"], post["t"]) == (6.0, 4.0, 1.0)
+    await store.publish_policy(1.0, 50, None)  # versions alone no longer forget (decay 1.0)
+    post = await _group_at_half_life(store, "b", (1, 1, 1, 1, 1, 0, 0, 0), half_life=1.0)
+    assert (post["a"], post["b"], post["t"]) == (1 + 5 / 2 + 5, 1 + 3 / 2 + 3, 2.0)
+    assert await store.pool_clock() == 2.0
+
+
+async def test_lua_and_python_decay_posteriors_agree_on_the_pool_clock(store):
+    post = await _group_at_half_life(store, "a", (1, 0, 1, 1, 0, 1, 0, 1), half_life=3.0)
+    # three prompts skipped and one group opened: 4 epochs later, weight 0.5 ** (4 / 3)
+    post2 = await _group_at_half_life(store, "b", (0,) * 8, half_life=3.0, skipped=3)
+    a, b = decay_posterior(post["a"], post["b"], 1.0, 1.0, 1.0, 0, 3.0,
+                           await store.pool_clock() - post["t"])
+    assert post2["a"] == pytest.approx(a, rel=1e-13) and post2["b"] == pytest.approx(b + 8,
+                                                                                   rel=1e-13)
+    assert post2["t"] == 5.0
+
+
 async def test_garbage_collection_removes_finished_groups(store):
     await _ready_group(store, "a")
     await _ready_group(store, "b")
@@ -254,7 +283,12 @@ async def test_finished_groups_leave_their_outcome_class_in_the_prompt_history(s
     await store.open_groups(0.0, 100, [("s", "p", SARA8)], "complete")
     await report(store, "w", [(f"s:{i}", 1) for i in range(4)])
     _, post = await store.get_prompt("p")
-    assert post["obs"] == [[0, "M"], [1, "F"], [1, "S"]]
+    # the saturated group is a full observation; the abandoned one (4 successes of 8) is
+    # censored and carries its chance of having ended mixed under the posterior: m's evidence
+    # halved by one version (a = 3, b = 3), then 8 failures and 4 successes give Beta(7, 11),
+    # and q = 1 - E[gamma^4] = 1 - (7*8*9*10) / (18*19*20*21)
+    q = round(1 - 7 * 8 * 9 * 10 / (18 * 19 * 20 * 21), 6)
+    assert post["obs"] == [[0, "M"], [1, "F"], [1, "S", q]]
     assert (post["committed"], post["saturated"], post["abandoned"]) == (1, 1, 1)
 
 

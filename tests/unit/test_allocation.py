@@ -18,6 +18,7 @@ from sara_service.allocation import (
     Thresholds,
     abandon_thresholds,
     decay_posterior,
+    decay_weight,
     decide,
     issue_target,
     p_eff,
@@ -442,3 +443,55 @@ def test_shared_cases_agree_with_threshold_counting():
                 assert issued == case["k"]
         if case["final"] == "saturated":
             assert len(case["outcomes"]) == case["k"] and case["decisions"][-1] == "continue"
+
+
+# ---------------------------------------------------------------- half-life in epochs of the pool
+
+
+def test_history_survives_to_the_next_visit_at_the_default_half_life():
+    from sara_service.settings import DEFAULT_HALF_LIFE, Settings
+
+    s = Settings()
+    # one epoch later, any number of policy versions later (13 per epoch in the benchmark)
+    weight = decay_weight(s.posterior_decay, 13, s.posterior_half_life, 1.0)
+    assert s.posterior_half_life == DEFAULT_HALF_LIFE and weight >= 0.5 ** (1 / DEFAULT_HALF_LIFE)
+    assert weight > 0.25  # the old default, 0.5 per version, kept 0.5 ** 13 = 1.2e-4
+    a, b = decay_posterior(9.0, 3.0, 1.0, 1.0, s.posterior_decay, 13, s.posterior_half_life, 1.0)
+    assert a == pytest.approx(1 + 8 * weight) and b == pytest.approx(1 + 2 * weight)
+
+
+def test_half_life_halves_the_evidence_once_per_half_life():
+    assert decay_posterior(9.0, 3.0, 1.0, 1.0, 1.0, 0, 2.0, 2.0) == (5.0, 2.0)
+    assert decay_posterior(9.0, 3.0, 1.0, 1.0, 1.0, 0, 2.0, 4.0) == (3.0, 1.5)
+    assert decay_posterior(9.0, 3.0, 1.0, 1.0, 1.0, 0, math.inf, 40.0) == (9.0, 3.0)
+    # both clocks together: versions and epochs multiply
+    assert decay_weight(0.5, 1, 1.0, 1.0) == 0.25
+
+
+def test_half_life_inputs_are_checked():
+    with pytest.raises(ValueError, match="half_life"):
+        decay_weight(1.0, 0, -1.0, 1.0)
+    with pytest.raises(ValueError, match="half_life"):
+        decay_weight(1.0, 0, float("nan"), 1.0)
+    with pytest.raises(ValueError, match="epochs_elapsed"):
+        decay_weight(1.0, 0, 1.0, float("nan"))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_settings_refuse_a_half_life_that_is_not_positive(value, monkeypatch):
+    from pydantic import ValidationError
+
+    from sara_service.settings import Settings
+
+    monkeypatch.setenv("SARA_POSTERIOR_HALF_LIFE", value)
+    with pytest.raises(ValidationError, match="posterior_half_life"):
+        Settings()
+
+
+def test_settings_accept_an_infinite_half_life_and_the_old_per_version_decay(monkeypatch):
+    from sara_service.settings import Settings
+
+    monkeypatch.setenv("SARA_POSTERIOR_HALF_LIFE", "inf")
+    monkeypatch.setenv("SARA_POSTERIOR_DECAY", "0.5")
+    s = Settings()
+    assert s.posterior_half_life == math.inf and s.posterior_decay == 0.5

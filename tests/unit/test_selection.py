@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sara_service.selection import (
-    DpsParams, dps_mixed_probability, mopps_score, top_by_score,
+    DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
 
 outcomes = st.lists(st.tuples(st.integers(0, 30), st.sampled_from("FMS")), max_size=16)
@@ -108,3 +108,42 @@ def test_dps_scores_are_cached_by_observations_and_version():
     again = dps_mixed_probability([tuple(o) for o in observations], 9)
     assert first == again == pytest.approx(naive_dps(observations, 9, 0.5, 1.0), abs=1e-12)
     assert selection._predicted_mixed.cache_info().hits == before + 1
+
+
+# ------------------------------------------------------------------ censored (abandoned) groups
+
+
+def _after_failing_history(last):
+    """A prompt mixed twice, then whatever `last` is, read one version later."""
+    return dps_mixed_probability([(0, "M"), (1, "M"), last], 3)
+
+
+def test_a_censored_observation_with_no_chance_of_mixed_is_the_hard_label():
+    assert _after_failing_history((2, "F", 0.0)) == _after_failing_history((2, "F"))
+    assert _after_failing_history((2, "S", 0.0)) == _after_failing_history((2, "S"))
+
+
+@pytest.mark.parametrize("side", ["F", "S"])
+def test_a_censored_observation_moves_the_prediction_less_than_a_hard_one(side):
+    before = dps_mixed_probability([(0, "M"), (1, "M")], 3)
+    hard = _after_failing_history((2, side))
+    soft = _after_failing_history((2, side, 0.4))
+    assert hard < soft < before
+    # and the more likely the abandoned group was mixed, the less it counts against the prompt
+    assert soft < _after_failing_history((2, side, 0.8))
+
+
+def test_certainly_mixed_censored_observation_is_a_mixed_label():
+    assert _after_failing_history((2, "F", 1.0)) == pytest.approx(_after_failing_history((2, "M")),
+                                                                 abs=1e-15)
+
+
+def test_store_entries_keep_or_drop_the_censoring():
+    stored = [[0, "M"], [1, "F", 0.25]]
+    assert dps_observations(stored) == [(0, "M"), (1, "F", 0.25)]
+    assert dps_observations(stored, censored=False) == [(0, "M"), (1, "F")]
+
+
+def test_an_unknown_outcome_class_is_refused():
+    with pytest.raises(ValueError, match="outcome"):
+        dps_mixed_probability([(0, "X")], 1)

@@ -3,11 +3,12 @@
 -- KEYS[4] = stats hash      KEYS[5] = open-groups zset  KEYS[6] = ready list
 -- KEYS[7] = posteriors hash KEYS[8] = cancels hash      KEYS[9] = abandon histogram hash
 -- KEYS[10] = workers zset   KEYS[11] = worker_info hash KEYS[12] = policy hash
--- KEYS[13] = gc zset        KEYS[14] = group_states hash
--- KEYS[15..] = hashes of the groups the results belong to
+-- KEYS[13] = gc zset        KEYS[14] = group_states hash      KEYS[15] = prompts hash
+-- KEYS[16..] = hashes of the groups the results belong to
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
 -- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
--- ARGV[7] = number of results, then 6 per result:
+-- ARGV[7] = posterior half-life in epochs of the pool (0: none)
+-- ARGV[8] = number of results, then 6 per result:
 --           rollout id, index of its group key in KEYS, success (1/0/-1/-2), tokens,
 --           policy version, JSON
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
@@ -20,11 +21,13 @@
 -- instead: the counters audits_mixed / audits_pure measure what abandoning such groups loses.
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local count = tonumber(ARGV[7])
+local half_life = tonumber(ARGV[7])
+local count = tonumber(ARGV[8])
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local PROMPTS = KEYS[15]
 
-local function arg(i, j) return ARGV[7 + (i - 1) * 6 + j] end
+local function arg(i, j) return ARGV[8 + (i - 1) * 6 + j] end
 local MAX_ERRORS_PER_SLOT = 3
 
 local unknown = {}
@@ -37,16 +40,28 @@ end
 if #unknown > 0 then return {'unknown', unknown} end
 
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
+-- The pool's clock, in epochs: prompts consumed (groups opened + prompts skipped) per prompt.
+-- A prompt is visited about once per epoch whatever the number of policy versions in between,
+-- so a half-life on this clock keeps its history until its next visit (scheduler.pool_clock).
+local function pool_clock()
+  local n = redis.call('HLEN', PROMPTS)
+  if n == 0 then return 0 end
+  local c = redis.call('HMGET', STATS, 'groups_opened', 'groups_skipped')
+  return (tonumber(c[1] or '0') + tonumber(c[2] or '0')) / n
+end
+local clock = pool_clock()
 
+-- weight of old evidence: decay^versions * 0.5^(epochs / half-life), as allocation.decay_weight
 local function update_posterior(pid, success)
   local raw = redis.call('HGET', POST, pid)
-  local p = raw and cjson.decode(raw) or {a = a0, b = b0, v = version}
-  local elapsed = version - (p.v or version)
-  if elapsed > 0 then
-    local w = decay ^ elapsed
-    p.a, p.b = a0 + w * (p.a - a0), b0 + w * (p.b - b0)
-  end
+  local p = raw and cjson.decode(raw) or {a = a0, b = b0, v = version, t = clock}
+  local elapsed, epochs = version - (p.v or version), clock - (p.t or clock)
+  local w = 1.0
+  if elapsed > 0 then w = decay ^ elapsed end
+  if half_life > 0 and epochs > 0 then w = w * 0.5 ^ (epochs / half_life) end
+  if w ~= 1.0 then p.a, p.b = a0 + w * (p.a - a0), b0 + w * (p.b - b0) end
   p.v = math.max(version, p.v or version)
+  p.t = math.max(clock, p.t or clock)
   if success == 1 then p.a = p.a + 1 else p.b = p.b + 1 end
   p.rollouts = (p.rollouts or 0) + 1
   p.successes = (p.successes or 0) + success
@@ -55,14 +70,20 @@ end
 
 -- Count a group's verdict in its prompt's history, and remember the outcome class the selection
 -- layer learns from: 'F' all-fail, 'M' mixed, 'S' all-success (the side a pure group ended on).
+-- An abandoned group also records q, its chance of having ended mixed (rounded to 1e-6 so the
+-- entry stays short and Python's mirror rounds alike): DPS reads it as a censored observation.
 local MAX_OBSERVATIONS = 16
-local function record_outcome(pid, field, outcome)
+local function record_outcome(pid, field, outcome, q)
   local raw = redis.call('HGET', POST, pid)
   if not raw then return end
   local p = cjson.decode(raw)
   p[field] = (p[field] or 0) + 1
   local obs = p.obs or {}
-  obs[#obs + 1] = {version, outcome}
+  if q then
+    obs[#obs + 1] = {version, outcome, math.floor(q * 1e6 + 0.5) / 1e6}
+  else
+    obs[#obs + 1] = {version, outcome}
+  end
   if #obs > MAX_OBSERVATIONS then table.remove(obs, 1) end
   p.obs = obs
   redis.call('HSET', POST, pid, cjson.encode(p))
@@ -168,10 +189,10 @@ local function decide_open(gkey, gid, g)
     redis.call('HINCRBY', STATS, 'groups_abandoned', 1)
     redis.call('HINCRBY', STATS, 'rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
     redis.call('HINCRBYFLOAT', STATS, 'expected_false_abandons', p)
-    redis.call('HINCRBYFLOAT', STATS, 'estimated_false_abandons',
-      mixed_chance_under_posterior(g.pid, failing, g.k - n))
+    local q = mixed_chance_under_posterior(g.pid, failing, g.k - n)
+    redis.call('HINCRBYFLOAT', STATS, 'estimated_false_abandons', q)
     redis.call('HINCRBY', HIST, tostring(g.done), 1)
-    record_outcome(g.pid, 'abandoned', failing and 'F' or 'S')
+    record_outcome(g.pid, 'abandoned', failing and 'F' or 'S', q)
     return 'abandon'
   end
   redis.call('HSET', gkey, 'p_eff', p)

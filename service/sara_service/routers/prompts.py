@@ -28,7 +28,7 @@ async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOu
         id=prompt_id, prompt=content["prompt"], answer=content.get("answer"),
         task=content.get("task", "exact"), meta=content.get("meta") or {},
         posterior=Posterior(alpha=post.get("a", s.prior_alpha), beta=post.get("b", s.prior_beta),
-                            version=int(post.get("v", 0))),
+                            version=int(post.get("v", 0)), epoch=post.get("t")),
         history=PromptHistory(groups=post.get("groups", 0), committed=post.get("committed", 0),
                               abandoned=post.get("abandoned", 0), rollouts=post.get("rollouts", 0),
                               successes=post.get("successes", 0), last_group_id=post.get("last")))

@@ -16,7 +16,7 @@
   const TOKEN_KEY = "sara.dashboard.token";
   const CONFIG_FIRST = ["policy", "selection", "prior", "commit", "group_size", "tau_low",
     "tau_skip", "batch_size", "prefetch_batches", "max_staleness", "max_rollouts_per_batch",
-    "posterior_decay", "lease_ttl_s", "batch_ack_timeout_s", "worker_stale_s", "auth_enabled",
+    "posterior_decay", "posterior_half_life", "lease_ttl_s", "batch_ack_timeout_s", "worker_stale_s", "auth_enabled",
     "redis"];
 
   const css = getComputedStyle(document.documentElement);
