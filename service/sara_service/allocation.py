@@ -44,13 +44,18 @@ def _int_at_least(name: str, value: object, minimum: int) -> int:
     return number
 
 
-def _real(name: str, value: object) -> float:
+def _float(name: str, value: object) -> float:
+    # bool is a number to Python and always a caller bug here
     if isinstance(value, bool):
         raise ValueError(f"{name} must be a number, got {value!r}")
     try:
-        number = float(value)  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
+def _real(name: str, value: object) -> float:
+    number = _float(name, value)
     if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return number
@@ -58,12 +63,7 @@ def _real(name: str, value: object) -> float:
 
 def _real_or_inf(name: str, value: object) -> float:
     # a half-life may be infinite (never forget); NaN and negatives are caller bugs
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    number = _float(name, value)
     if math.isnan(number) or number < 0.0:
         raise ValueError(f"{name} must be >= 0 or inf, got {value!r}")
     return number
