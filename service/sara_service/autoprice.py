@@ -23,6 +23,7 @@ rollouts: the plan is a step function of ρ, and finer changes rarely move a thr
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Any
 
@@ -87,7 +88,9 @@ class AutoPricer:
             return False
         self._fitted_at = decided
         evidence = self._evidence(await store.sample_posteriors(EVIDENCE_LIMIT), version)
-        self.model = fit_pool(evidence, self.prior)
+        # EM over a few thousand prompts takes up to ~1 s of pure Python: off the event loop,
+        # so leases and results keep being served meanwhile (the GIL still shares the CPU)
+        self.model = await asyncio.to_thread(fit_pool, evidence, self.prior)
         s = self.settings
         self.model_rho = fixed_point_rho(self.model, s.group_size, self.fill, s.tau_floor)
         self._window.append((c["rollouts_completed"], c["groups_committed"]))
