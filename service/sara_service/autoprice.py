@@ -2,7 +2,8 @@
 
 `sara_service.autotau` needs two things it cannot know from settings: ρ, the rollouts one
 effective group costs in this pool now, and the pool's distribution of success rates. Both are
-re-derived here every `auto_refit_groups` decided groups (sooner early in a run), from what the store already holds:
+re-derived here every `auto_refit_groups` decided groups (sooner early in a run), from what the
+store already holds:
 
 - the pool model: EM over the prompts' learned posteriors (decayed as the scheduler decays them,
   so it follows a moving pool at the pace the posteriors do);

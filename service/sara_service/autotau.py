@@ -49,8 +49,9 @@ class PoolModel:
 
     @classmethod
     def beta(cls, a: float, b: float) -> PoolModel:
-        """Beta(a, b), discretised: mass of each grid cell, ends in the end points."""
-        # midpoint masses via the density on cell centres; end cells get half cells
+        """Beta(a, b), discretised on GRID (trapezoid weights: the density at each point)."""
+        # the end points carry half a cell each; the density is read just inside them, where
+        # it is finite for a or b < 1
         dens = []
         for i, g in enumerate(GRID):
             x = min(max(g, 1 / 128), 1 - 1 / 128)
