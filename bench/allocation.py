@@ -17,11 +17,16 @@ the two other roles:
 
 Methods (all through the one engine, set by scheduler settings): uniform, Dynamic Sampling (DS),
 SARA at τ_low 0.3 / 0.45 / 0.5 with the paper's uniform prior, SARA with history priors, DPS and
-MoPPS (selection over DS), and SARA + DPS. Pools: `standard` and `drifting` (see
+MoPPS (selection over DS), SARA + DPS, and SARA auto (tau_low=auto: cost-aware thresholds
+priced by the pool's yield, `sara_service.autotau`). Pools: `standard` and `drifting` (see
 `bench/_pools.py`), each at k = 8 and 16. Opt-in rows show the rules before issue 13 item 4
 beside the new ones: `sara-history-v0.5` and `mopps-v0.5` (posterior decay 0.5 per policy
 version, no half-life in epochs) and `sara-dps-hard` (DPS learns an abandoned group as a full
 all-fail/all-success label instead of the censored prefix it saw).
+
+`--grid` also runs the grid of fixed τ = 0.05..0.95 (step 0.05) through the service, one run
+per distinct threshold, with the same seeds and groups, and prints SARA auto against the best
+of it, measured and in closed form (the issue's target: within 2% on every pool).
 
 Each measured figure is printed beside what it should be:
 
@@ -46,6 +51,7 @@ Usage:
     python bench/allocation.py                    # all pools, k and methods (~7 min, 2 cores)
     python bench/allocation.py --quick            # CI: standard pool, k=16, small (< 60 s)
     python bench/allocation.py --pool standard --k 16 --methods ds,sara-0.5 --groups 512
+    python bench/allocation.py --grid             # + the fixed-τ grid against sara-auto
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ class Method:
     policy: str
     selection: str = "epoch"
     prior: str = "uniform"
-    tau: float = 0.5
+    tau: float | str = 0.5
     # memory overrides, to show the old rules beside the new: per-version λ and half-life (in
     # epochs of the pool); None takes the run's (--posterior-decay, --posterior-half-life)
     posterior_decay: float | None = None
@@ -115,7 +121,12 @@ class Method:
 
     @property
     def exact(self) -> bool:
-        return self.selection == "epoch" and self.prior == "uniform"
+        return self.selection == "epoch" and self.prior == "uniform" and self.tau != "auto"
+
+    @property
+    def modelled(self) -> bool:
+        """The reference model covers it (not tau_low=auto: see `AUTO_NOTE`)."""
+        return self.tau != "auto"
 
     @property
     def abandons(self) -> bool:
@@ -139,10 +150,24 @@ METHODS = {m.key: m for m in (
            posterior_decay=0.5, half_life=math.inf),
     Method("sara-dps-hard", "SARA+DPS old", "sara", selection="dps", tau=0.5,
            dps_censored=False),
+    Method("sara-auto", "SARA auto", "sara", tau="auto"),
 )}
-# what `python bench/allocation.py` runs without --methods: the old-rule rows are opt-in
+# Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
+# service re-derives from its own counters and posteriors mid-run; a mirror would have to call
+# the same code (sara_service.autoprice) on the same store reads, so it would check nothing
+# independent. Its reference is the grid of fixed τ instead (`grid_rows`), exact per pool.
+# The grid of fixed τ that sara-auto is judged against (`--grid`): registered here so that
+# worker processes can look them up by key; not in the default method list.
+# What `python bench/allocation.py` runs without --methods: the old-rule rows are opt-in.
 DEFAULT_METHODS = ("uniform", "ds", "sara-0.3", "sara-0.45", "sara-0.5", "sara-history", "dps",
-                   "mopps", "sara-dps")
+                   "mopps", "sara-dps", "sara-auto")
+GRID_TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))   # 0.05 .. 0.95
+for _tau in GRID_TAUS:
+    METHODS.setdefault(f"sara-{_tau:g}", Method(f"sara-{_tau:g}", f"SARA τ={_tau:g}", "sara",
+                                                tau=_tau))
+
+AUTO_NOTE = ("sara-auto: no reference-model runs (its price is re-derived from the service's "
+             "own state); compared with the exact grid of fixed τ below")
 
 
 @dataclass(frozen=True)
@@ -343,6 +368,7 @@ class ServiceApi:
         out = stats.counters.model_dump()
         out["abandon_histogram"] = dict(stats.abandon_histogram)
         out["derived"] = stats.derived.model_dump()
+        out["auto"] = stats.auto_thresholds
         return out
 
 
@@ -940,11 +966,12 @@ def _jobs(cfgs: list[Config], methods: list[str]) -> list[Job]:
         for key in methods:
             jobs.append(Job(cfg, key, "service"))
             # rep 0 mirrors the service run's seeds; reps 1.. are independent (the expectation)
-            jobs += [Job(cfg, key, "model", rep) for rep in range(cfg.model_reps + 1)]
+            if METHODS[key].modelled:
+                jobs += [Job(cfg, key, "model", rep) for rep in range(cfg.model_reps + 1)]
     # longest first (service runs of the costliest methods), so the pool's tail is short
     cost = {"uniform": 37, "ds": 37, "sara-0.3": 31, "sara-0.45": 29, "sara-0.5": 28,
             "sara-history": 24, "dps": 20, "mopps": 24, "sara-dps": 20,
-            "sara-history-v0.5": 28, "mopps-v0.5": 33, "sara-dps-hard": 20}
+            "sara-history-v0.5": 28, "mopps-v0.5": 33, "sara-dps-hard": 20, "sara-auto": 28}
     return sorted(jobs, key=lambda j: -(cost.get(j.method, 30) * j.cfg.k * j.cfg.groups
                                         * (1 if j.engine == "service" else 0.1)))
 
@@ -952,7 +979,19 @@ def _jobs(cfgs: list[Config], methods: list[str]) -> list[Job]:
 def run_all(cfgs: list[Config], methods: list[str], jobs_n: int = 1,
             show_progress: bool = True) -> list[dict[str, Any]]:
     """Run every job (service + model reps) for every config; returns the result rows."""
-    jobs = _jobs(cfgs, methods)
+    results = run_jobs(_jobs(cfgs, methods), jobs_n, show_progress)
+    rows = []
+    for cfg in cfgs:
+        for key in methods:
+            service = results[Job(cfg, key, "service")]
+            models = [results[Job(cfg, key, "model", r)] for r in range(cfg.model_reps + 1)
+                      if METHODS[key].modelled]
+            rows.append(combine(cfg, key, service, models))
+    return rows
+
+
+def run_jobs(jobs: list[Job], jobs_n: int = 1, show_progress: bool = True) -> dict[Job, dict]:
+    """Run jobs, `jobs_n` at a time (processes); returns each one's summary."""
     results: dict[Job, dict] = {}
     progress_ctx = _progress(jobs) if show_progress else contextlib.nullcontext(None)
     with progress_ctx as bars:
@@ -976,13 +1015,78 @@ def run_all(cfgs: list[Config], methods: list[str], jobs_n: int = 1,
                             pending.discard(f)
                             results[futures[f]] = f.result()
                         time.sleep(0.1)
-    rows = []
+    return results
+
+
+# ------------------------------------------------------------------- the τ grid for sara-auto
+
+
+def grid_classes(k: int) -> list[tuple[tuple[int, int], list[float]]]:
+    """The grid's τ values grouped by the thresholds they give every prompt (uniform prior,
+    epoch selection: one plan per run). Equal thresholds make identical decisions on the same
+    seeds, so one service run stands for its class. τ values that would skip every prompt
+    (Settings refuses them) are left out."""
+    classes: dict[tuple[int, int], list[float]] = {}
+    for tau in GRID_TAUS:
+        limits = thresholds(k, 1.0, 1.0, tau)
+        if limits != (0, 0):
+            classes.setdefault(limits, []).append(tau)
+    return list(classes.items())
+
+
+def run_grid(cfgs: list[Config], jobs_n: int = 1,
+             show_progress: bool = True) -> list[dict[str, Any]]:
+    """One service run per distinct fixed-τ plan of the grid, per config (same seeds and
+    --groups as the other methods, so the drifting pool drifts on the same schedule)."""
+    plan = [(cfg, limits, taus) for cfg in cfgs for limits, taus in grid_classes(cfg.k)]
+    jobs = [Job(cfg, f"sara-{taus[0]:g}", "service") for cfg, _, taus in plan]
+    results = run_jobs(jobs, jobs_n, show_progress)
+    return [{"pool": cfg.pool, "k": cfg.k, "taus": taus, "thresholds": list(limits),
+             "key": job.method, "measured": results[job]["rollouts_per_effective"]}
+            for (cfg, limits, taus), job in zip(plan, jobs)]
+
+
+def _best(grid: list[dict[str, Any]], figure: str) -> dict[str, Any]:
+    return min(grid, key=lambda g: g[figure])
+
+
+def _taus(g: dict[str, Any]) -> str:
+    taus = g["taus"]
+    span = f"{taus[0]:g}" if len(taus) == 1 else f"{taus[0]:g}-{taus[-1]:g}"
+    return f"τ {span}, n={g['thresholds'][0]}"
+
+
+def grid_table(rows: list[dict[str, Any]], grid: list[dict[str, Any]],
+               cfgs: list[Config]) -> str:
+    """sara-auto against the best fixed τ of the grid, measured and in closed form."""
+    lines = ["auto vs the best fixed τ: grid τ = 0.05..0.95 step 0.05, one service run per "
+             "distinct threshold (τ values with the same thresholds decide identically), same "
+             "seed and groups as SARA auto; exact = closed form over the pool at the policy "
+             "versions of the auto run. gap = auto / best - 1 (negative: auto spends less).",
+             f"  {'pool':<9} {'k':>3} {'SARA auto':>9} {'best fixed τ, measured':>30} "
+             f"{'gap':>7} {'best fixed τ, exact':>28} {'gap':>7}  auto at the end"]
     for cfg in cfgs:
-        for key in methods:
-            service = results[Job(cfg, key, "service")]
-            models = [results[Job(cfg, key, "model", r)] for r in range(cfg.model_reps + 1)]
-            rows.append(combine(cfg, key, service, models))
-    return rows
+        auto = next((r for r in rows if r["pool"] == cfg.pool and r["k"] == cfg.k
+                     and r["method"] == "sara-auto"), None)
+        block = [g for g in grid if g["pool"] == cfg.pool and g["k"] == cfg.k]
+        if auto is None or not block:
+            continue
+        measured = auto["measured"]
+        versions = [v - measured["lag"] for v in measured["versions"]]
+        for g in block:
+            g["exact"] = exact_expectation(cfg, METHODS[g["key"]], versions)[
+                "rollouts_per_effective"]
+        best_m, best_e = _best(block, "measured"), _best(block, "exact")
+        a = measured["rollouts_per_effective"]
+        end = measured["counters"].get("auto") or {}
+        lines.append(
+            f"  {cfg.pool:<9} {cfg.k:>3} {a:9.2f} "
+            f"{best_m['measured']:8.2f} ({_taus(best_m)}){'':>2} {_pct(a, best_m['measured']):>7} "
+            f"{best_e['exact']:8.2f} ({_taus(best_e)}) {_pct(a, best_e['exact']):>7}  "
+            f"ρ {_num(end.get('rho'), '.1f')}, abandon after "
+            f"{end.get('abandon_after_failures', '-')} failures / "
+            f"{end.get('abandon_after_successes', '-')} successes")
+    return "\n".join(lines) + "\n"
 
 
 class _InlineQueue:
@@ -1071,7 +1175,7 @@ def format_table(rows: list[dict[str, Any]], cfgs: list[Config]) -> str:
                 f"{mark + _num(e.get('tokens_per_effective'), '.0f'):>8} "
                 f"{_num(fa, '.4f'):>7} "
                 f"{exp_fa if fa is not None else '-':>7} "
-                f"{_num(r['tau'], '.2f') if r['tau'] is not None else '-':>6} "
+                f"{_tau(r['tau']):>6} "
                 f"{m['rounds_per_batch']:6.2f} {_num(mo.get('rounds_per_batch'), '.2f'):>6} "
                 f"{m['counters'].get('groups_dropped_stale', 0):>5}")
         hist = next((r for r in block if r["method"] == "sara-history"), None)
@@ -1136,6 +1240,12 @@ def format_table(rows: list[dict[str, Any]], cfgs: list[Config]) -> str:
         lines += checks
         lines.append("")
     return "\n".join(lines)
+
+
+def _tau(tau: float | str | None) -> str:
+    if tau is None:
+        return "-"
+    return tau if isinstance(tau, str) else f"{tau:.2f}"
 
 
 def _total_hist(measured: dict) -> dict[int, int]:
@@ -1239,7 +1349,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="comma list of: " + ", ".join(POOLS))
     p.add_argument("--k", default="8,16", help="comma list of group sizes")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma list of: " + ", ".join(METHODS))
+                   help="comma list of: " + ", ".join(DEFAULT_METHODS)
+                   + " (and sara-<τ> for any τ of the grid)")
+    p.add_argument("--grid", action="store_true",
+                   help="also run the grid of fixed τ (0.05..0.95) per pool and k, and print "
+                        "sara-auto against the best of it (adds sara-auto to the methods)")
     p.add_argument("--groups", type=int, default=2048, help="effective groups per method")
     p.add_argument("--prompts", type=int, default=1024, help="pool size")
     p.add_argument("--seed", type=int, default=0)
@@ -1301,10 +1415,15 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in cfgs:
         if cfg.pool not in POOLS:
             raise SystemExit(f"unknown pool {cfg.pool!r}; choose from {', '.join(POOLS)}")
+    if args.grid and "sara-auto" not in methods:
+        methods.append("sara-auto")
     started = time.perf_counter()
     rows = run_all(cfgs, methods, args.jobs, show_progress=not args.no_progress)
+    grid = run_grid(cfgs, args.jobs, not args.no_progress) if args.grid else []
     seconds = time.perf_counter() - started
     text = header(cfgs, methods, argv, seconds, args.jobs) + format_table(rows, cfgs)
+    if grid:
+        text += "\n" + grid_table(rows, grid, cfgs)
     print(text)
     if not args.no_write:
         prefix = Path(args.out) if args.out else RESULTS / (
@@ -1319,8 +1438,8 @@ def main(argv: list[str] | None = None) -> int:
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "code": git_state(), "seconds": seconds,
                 "configs": [asdict(c) for c in cfgs], "methods": methods}
-        path(".json").write_text(
-            json.dumps({"meta": meta, "results": rows}, indent=1, default=float) + "\n")
+        path(".json").write_text(json.dumps({"meta": meta, "results": rows, "grid": grid},
+                                            indent=1, default=float) + "\n")
         chart(rows, cfgs, path(".png"))
         print(f"wrote {prefix}.txt, .json, .png", file=sys.stderr)
     return 0

@@ -399,3 +399,6 @@ class StatsResponse(_Answer):
         default_factory=dict, description="Rollouts done at abandonment -> groups.")
     workers: list[WorkerStats] = Field(default_factory=list)
     recent_batches: list[dict[str, Any]] = Field(default_factory=list)
+    auto_thresholds: dict[str, Any] | None = Field(
+        None, description="Under tau_low=auto: the price rho in force (rollouts per effective "
+                          "group), its live and model parts, and the fresh-prompt thresholds.")

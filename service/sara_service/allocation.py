@@ -235,22 +235,38 @@ class GroupPlan:
         return self.after_failures == 0 and self.after_successes == 0
 
 
-def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float) -> GroupPlan:
+def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float | str,
+               rho: float | None = None, tau_floor: float | None = None,
+               pool: object = None, fill: bool = True, allow_skip: bool = False) -> GroupPlan:
     """The plan for a new group under "uniform", "dynamic_sampling" or "sara".
 
     Baselines never abandon (thresholds k + 1) and issue k at once; only uniform delivers
     saturated groups. SARA issues enough rollouts to reach its nearer threshold at once.
+    tau_low "auto" (SARA only) derives the thresholds from the price `rho` (rollouts per
+    effective group bought elsewhere) with `sara_service.autotau`: `pool` is the PoolModel of
+    this prompt's success rate (default: Beta(alpha0, beta0) discretised; rho default: that
+    model's fixed point); tau_floor bounds p_eff at abandonment; allow_skip lets the plan skip
+    (off for a plan shared by every fresh prompt: skipping all of them would stall the run).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
     _, _, k = _prefix(0, 0, k)
     a, b = _positive("alpha0", alpha0), _positive("beta0", beta0)
+    if tau_low == "auto":
+        if policy == "sara":
+            return _auto_plan(k, a, b, rho, tau_floor, pool, fill, allow_skip)
+        tau_low = 0.0  # the baselines never abandon: any τ gives the same plan
     tau = _unit("tau_low", tau_low)
     fail, success = _p_eff_tables(k, a, b)
     if policy == "sara":
         limits = _thresholds(fail, success, k, tau)
     else:
         limits = Thresholds(k + 1, k + 1)
+    return _plan(policy, k, limits, fail, success)
+
+
+def _plan(policy: str, k: int, limits: Thresholds, fail: list[float] | tuple[float, ...],
+          success: list[float] | tuple[float, ...]) -> GroupPlan:
     return GroupPlan(
         policy=policy,
         k=k,
@@ -261,6 +277,23 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float)
         p_eff_success=tuple(success[: min(limits.after_successes, k) + 1]),
         deliver_saturated=policy == "uniform",
     )
+
+
+def _auto_plan(k: int, a: float, b: float, rho: float | None, floor: float | None,
+               pool: object, fill: bool, allow_skip: bool) -> GroupPlan:
+    # imported here: autotau is the heavier module and only "auto" runs need it
+    from .autotau import PoolModel, auto_thresholds, fixed_point_rho
+
+    if floor is not None:
+        floor = _unit("tau_floor", floor)
+    model = PoolModel.beta(a, b) if pool is None else pool
+    if not isinstance(model, PoolModel):
+        raise ValueError(f"pool must be an autotau.PoolModel, got {type(pool).__name__}")
+    if rho is None:
+        rho = fixed_point_rho(model, k, fill, floor)
+    auto = auto_thresholds(model, k, _positive("rho", rho), fill, floor, allow_skip)
+    limits = Thresholds(auto.after_failures, auto.after_successes)
+    return _plan("sara", k, limits, auto.p_eff_fail, auto.p_eff_success)
 
 
 def issue_target(plan: GroupPlan, successes: int, failures: int) -> int:

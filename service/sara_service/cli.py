@@ -59,7 +59,8 @@ def serve(
     policy: Annotated[Optional[str], typer.Option(help="uniform, dynamic_sampling, sara.")] = None,
     selection: Annotated[Optional[str], typer.Option(help="epoch or history.")] = None,
     group_size: Annotated[Optional[int], typer.Option(help="k, rollouts per group.")] = None,
-    tau_low: Annotated[Optional[float], typer.Option(help="Abandonment threshold.")] = None,
+    tau_low: Annotated[Optional[str], typer.Option(
+        help='Abandonment threshold in [0, 1], or "auto" (cost-aware).')] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Groups per batch.")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Embedded Redis data dir.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,

@@ -23,6 +23,7 @@ from sara_client.models import (
 )
 
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .autoprice import AutoPricer
 from .observability import ds_estimate, read_counters
 from .selection import (
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
@@ -62,8 +63,13 @@ class Scheduler:
         self.clock = clock or time.time
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
-        # With a uniform prior every group of a run has the same plan: compute it once.
-        self._prior_plan = plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
+        # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
+        # ignore τ, so they keep the fixed plan.
+        self.auto = AutoPricer(s) if s.tau_low == "auto" and s.policy == "sara" else None
+        # With a uniform prior every group of a run has the same plan: compute it once (under
+        # auto, once per price: `_plans_for` refreshes it).
+        self._prior_plan = self.auto.fresh_plan() if self.auto else plan_group(
+            s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
         self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
                                         max_tokens=s.max_tokens)
 
@@ -104,6 +110,9 @@ class Scheduler:
     async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
         """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
         s = self.settings
+        if self.auto is not None:
+            await self.auto.refresh(self.store, (await self.store.get_policy()).version)
+            self._prior_plan = self.auto.fresh_plan()
         if s.prior == "uniform" and s.selection == "epoch":
             if self._prior_plan.skip:   # Settings refuse this; never open a group issuing nothing
                 return [], len(pids)
@@ -117,13 +126,21 @@ class Scheduler:
             if s.selection == "history" and p_eff(0, 0, s.group_size, a, b) < s.tau_skip:
                 skipped += 1
                 continue
-            plan = self._prior_plan if s.prior == "uniform" else plan_group(
-                s.policy, s.group_size, a, b, s.tau_low)
+            plan = self._plan_for(a, b)
             if plan.skip:
                 skipped += 1
                 continue
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
+
+    def _plan_for(self, a: float, b: float) -> GroupPlan:
+        """The plan of one prompt whose posterior is Beta(a, b) now."""
+        s = self.settings
+        if s.prior == "uniform":
+            return self._prior_plan
+        if self.auto is not None:
+            return self.auto.plan_for(a, b)
+        return plan_group(s.policy, s.group_size, a, b, s.tau_low)
 
     async def _select_prompts(self, count: int) -> list[str]:
         """The next `count` prompts: from the epoch queue, or the best of a random pool."""

@@ -6,7 +6,7 @@ Nothing here is built at import time; `Settings()` reads the environment when it
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,7 +34,15 @@ class Settings(BaseSettings):
     prior: PriorMode = "uniform"
     commit: CommitMode = "complete"
     group_size: int = Field(8, ge=2, le=1024, description="k, rollouts per group.")
-    tau_low: float = Field(0.5, ge=0.0, le=1.0)
+    tau_low: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["auto"] = Field(
+        0.5, description='Abandon a pure prefix once p_eff < tau_low; "auto": the cost-aware '
+                         "thresholds (sara_service.autotau), priced by the pool's yield.")
+    tau_floor: float | None = Field(
+        None, ge=0.0, le=1.0, description="Under tau_low=auto, abandon (or skip) only where "
+                                          "p_eff < tau_floor: the reliability bound.")
+    auto_refit_groups: int = Field(
+        128, ge=1, description="Under tau_low=auto, re-derive the pool model and the price "
+                               "after this many decided groups.")
     tau_skip: float = Field(0.1, ge=0.0, le=1.0)
     prior_alpha: float = Field(1.0, gt=0.0)
     prior_beta: float = Field(1.0, gt=0.0)
@@ -88,6 +96,8 @@ class Settings(BaseSettings):
         its first rollout: every new prompt would be skipped and no group would ever open."""
         from .allocation import p_eff, plan_group
 
+        if self.tau_low == "auto":
+            return self  # auto never plans a skip for a fresh prompt (see allocation.plan_group)
         plan = plan_group(self.policy, self.group_size, self.prior_alpha, self.prior_beta,
                           self.tau_low)
         if plan.skip:

@@ -134,6 +134,23 @@ class Store:
         return (int(opened or 0) + int(skipped or 0)) / n if n else 0.0
 
     @_unavailable_on_redis_error
+    async def sample_posteriors(self, limit: int) -> list[dict[str, Any]]:
+        """Every prompt's posterior JSON when there are at most `limit`, else `limit` at random."""
+        key = self.keys.posteriors
+        if await self.redis.hlen(key) <= limit:
+            raw = list((await self.redis.hgetall(key)).values())
+        else:
+            pairs = await self.redis.hrandfield(key, limit, withvalues=True) or []
+            raw = pairs[1::2]
+        return [json.loads(r) for r in raw]
+
+    @_unavailable_on_redis_error
+    async def counter_values(self, fields: tuple[str, ...]) -> dict[str, int]:
+        """Integer counters from the stats hash (0 where unset)."""
+        raw = await self.redis.hmget(self.keys.stats, list(fields))
+        return {f: int(float(v)) if v is not None else 0 for f, v in zip(fields, raw)}
+
+    @_unavailable_on_redis_error
     async def pop_epoch(self, count: int, seed: int,
                         shuffle: Callable[[list[str], int], list[str]]) -> list[str]:
         """Up to `count` prompt ids from the epoch queue, starting a new epoch when it runs dry."""

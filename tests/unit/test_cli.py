@@ -326,3 +326,28 @@ def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
                                      "--no-compare", "--rollouts", "1234"])
     assert result.exit_code == 0, result.output
     assert (seen["config"].compare, seen["config"].rollout_budget) == (False, 1234)
+
+
+@pytest.mark.parametrize("flag,expected", [("auto", "auto"), ("0.3", 0.3)])
+def test_serve_takes_tau_low_auto_or_a_number(monkeypatch, flag, expected):
+    import typer
+
+    import sara_service.settings as settings_module
+
+    seen = {}
+    real = settings_module.Settings
+
+    def capture(**overrides):
+        seen["settings"] = real(**overrides)
+        raise typer.Exit(0)   # stop before Redis or uvicorn start
+
+    monkeypatch.setattr(settings_module, "Settings", capture)
+    result = runner.invoke(cli.app, ["serve", "--tau-low", flag])
+    assert result.exit_code == 0, result.output
+    assert seen["settings"].tau_low == expected
+
+
+def test_serve_rejects_a_tau_low_that_is_neither_a_number_nor_auto():
+    result = runner.invoke(cli.app, ["serve", "--tau-low", "sometimes"])
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output

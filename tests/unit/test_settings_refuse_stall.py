@@ -28,3 +28,23 @@ def test_a_configuration_that_skips_every_new_prompt_is_refused(over):
 ])
 def test_configurations_that_can_open_a_group_are_accepted(over):
     assert Settings(**over).group_size == over["group_size"]
+
+
+@pytest.mark.parametrize("over", [
+    {"group_size": 2, "tau_low": "auto"},     # auto never plans a skip for a fresh prompt
+    {"prior_alpha": 0.2, "prior_beta": 0.2, "tau_low": "auto", "tau_floor": 0.3},
+])
+def test_auto_is_never_refused_as_a_stall(over):
+    assert Settings(**over).tau_low == "auto"
+
+
+def test_tau_low_auto_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SARA_TAU_LOW", "auto")
+    monkeypatch.setenv("SARA_TAU_FLOOR", "0.2")
+    s = Settings()
+    assert s.tau_low == "auto" and s.tau_floor == 0.2
+    monkeypatch.setenv("SARA_TAU_LOW", "0.4")
+    assert Settings().tau_low == 0.4
+    monkeypatch.setenv("SARA_TAU_LOW", "often")
+    with pytest.raises(ValidationError):
+        Settings()

@@ -23,14 +23,16 @@ async def get_group(group_id: Identifier, scheduler: SchedulerDep) -> GroupOut:
             responses=AUTH_RESPONSES)
 async def stats(scheduler: SchedulerDep) -> StatsResponse:
     """Counters, derived efficiency, queues, workers and recent batches."""
-    return await stats_view(scheduler.store, scheduler.settings, scheduler.clock())
+    return await stats_view(scheduler.store, scheduler.settings, scheduler.clock(),
+                            scheduler.auto)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, dependencies=[ReaderRole],
             responses=NON_JSON_AUTH_RESPONSES)
 async def metrics(scheduler: SchedulerDep) -> str:
     """The same figures in Prometheus text format."""
-    view = await stats_view(scheduler.store, scheduler.settings, scheduler.clock())
+    view = await stats_view(scheduler.store, scheduler.settings, scheduler.clock(),
+                            scheduler.auto)
     return PlainTextResponse(prometheus_text(view), media_type="text/plain; version=0.0.4")
 
 

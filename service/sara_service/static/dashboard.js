@@ -310,6 +310,15 @@
 
   // --- render ------------------------------------------------------------------------------------
 
+  // tau_low=auto: show the price in force and a fresh prompt's thresholds (failures/successes)
+  function tauText(tau, auto) {
+    if (isNum(tau)) return String(tau);
+    if (tau !== "auto") return "–";
+    if (!auto || !isNum(auto.rho)) return "auto";
+    return "auto (ρ " + auto.rho.toFixed(1) + ", " + auto.abandon_after_failures + "/" +
+      auto.abandon_after_successes + ")";
+  }
+
   function renderHeader(stats) {
     const cfg = stats.config || {};
     setText("#meta-namespace", stats.namespace || "–");
@@ -317,7 +326,7 @@
     const prior = cfg.prior && cfg.prior !== "uniform" ? "prior " + cfg.prior : null;
     setText("#meta-selection", [cfg.selection, prior].filter(Boolean).join(" · ") || "–");
     setText("#meta-k", isNum(cfg.group_size) ? String(cfg.group_size) : "–");
-    setText("#meta-tau", isNum(cfg.tau_low) ? String(cfg.tau_low) : "–");
+    setText("#meta-tau", tauText(cfg.tau_low, stats.auto_thresholds));
     setText("#meta-version", "v" + ((stats.policy || {}).version ?? "–"));
     setText("#meta-auth", cfg.auth_enabled ? "tokens" : "OPEN");
     $("#meta-auth").dataset.state = cfg.auth_enabled ? "on" : "open";

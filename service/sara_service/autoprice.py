@@ -1,0 +1,129 @@
+"""The price and pool model behind ``tau_low = "auto"``: what the scheduler feeds the pure math.
+
+`sara_service.autotau` needs two things it cannot know from settings: ρ, the rollouts one
+effective group costs in this pool now, and the pool's distribution of success rates. Both are
+re-derived here every `auto_refit_groups` decided groups (sooner early in a run), from what the
+store already holds:
+
+- the pool model: EM over the prompts' learned posteriors (decayed as the scheduler decays them,
+  so it follows a moving pool at the pace the posteriors do);
+- ρ: rollouts completed per committed group over the last few refits (a window, so it follows
+  the pool), shrunk toward the model's own fixed-point price with the weight of `SHRINK`
+  effective groups. The model's price is derived from every prompt's evidence and is nearly
+  free of noise; a window of a few hundred groups is not (its ratio wanders by several
+  percent, enough to flip a threshold back and forth near a step of the plan), so the live
+  figure gets an equal say only once its window holds SHRINK effective groups. It is there to
+  correct the model where the model's shape misfits the pool. (bench/allocation.py, 2,048
+  groups, two seeds: weights from 64 to model-only differ by less than the seed-to-seed
+  spread, about 1%.)
+
+Each replica keeps its own copy; replicas of one namespace read the same counters and
+posteriors, so they agree up to when each last refitted. Plans are cached per ρ rounded to 0.1
+rollouts: the plan is a step function of ρ, and finer changes rarely move a threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from .allocation import GroupPlan, decay_posterior, plan_group
+from .autotau import PoolModel, fit_pool, fixed_point_rho
+from .settings import Settings
+from .store import Store
+
+SHRINK = 256.0         # effective groups' worth of weight on the model's price
+WINDOW = 3             # refits the live price looks back over
+EVIDENCE_LIMIT = 4096  # prompts read per refit (all of them in a smaller pool)
+
+
+class AutoPricer:
+    """ρ and the pool model in force under tau_low=auto, and the plans they give."""
+
+    def __init__(self, settings: Settings) -> None:
+        s = settings
+        self.settings = s
+        self.fill = s.commit == "complete"
+        self.prior = PoolModel.beta(s.prior_alpha, s.prior_beta)
+        self.model = self.prior
+        self.prior_rho = fixed_point_rho(self.prior, s.group_size, self.fill, s.tau_floor)
+        self.model_rho = self.rho = self.prior_rho
+        self.live_rho: float | None = None
+        self.refits = 0
+        self._fitted_at: int | None = None
+        self._window: deque[tuple[int, int]] = deque(maxlen=WINDOW + 1)
+        self._plans: dict[float, GroupPlan] = {}
+
+    def set_price(self, rho: float) -> None:
+        """Put a price in force (the refit does this; tests inject one)."""
+        self.rho = rho
+        self._plans.clear()
+
+    def fresh_plan(self) -> GroupPlan:
+        """The plan of a prompt with no evidence of its own: one per rounded ρ."""
+        key = round(self.rho, 1)
+        plan = self._plans.get(key)
+        if plan is None:
+            s = self.settings
+            plan = plan_group("sara", s.group_size, s.prior_alpha, s.prior_beta, "auto",
+                              rho=key, tau_floor=s.tau_floor, pool=self.model, fill=self.fill)
+            self._plans[key] = plan
+        return plan
+
+    def plan_for(self, alpha: float, beta: float) -> GroupPlan:
+        """The plan of a prompt whose (decayed) posterior is Beta(alpha, beta): the pool model
+        reweighted by its evidence; such a plan may skip the prompt."""
+        s = self.settings
+        model = self.model.given(alpha - s.prior_alpha, beta - s.prior_beta)
+        return plan_group("sara", s.group_size, alpha, beta, "auto", rho=round(self.rho, 1),
+                          tau_floor=s.tau_floor, pool=model, fill=self.fill, allow_skip=True)
+
+    async def refresh(self, store: Store, version: int) -> bool:
+        """Refit the pool model and the price if enough groups were decided since the last
+        refit; True when it refitted."""
+        c = await store.counter_values(("rollouts_completed", "groups_committed",
+                                        "groups_abandoned", "groups_dropped_saturated"))
+        decided = c["groups_committed"] + c["groups_abandoned"] + c["groups_dropped_saturated"]
+        if self._fitted_at is not None and decided - self._fitted_at < self._interval():
+            return False
+        self._fitted_at = decided
+        evidence = self._evidence(await store.sample_posteriors(EVIDENCE_LIMIT), version)
+        # EM over a few thousand prompts takes up to ~1 s of pure Python: off the event loop,
+        # so leases and results keep being served meanwhile (the GIL still shares the CPU)
+        self.model = await asyncio.to_thread(fit_pool, evidence, self.prior)
+        s = self.settings
+        self.model_rho = fixed_point_rho(self.model, s.group_size, self.fill, s.tau_floor)
+        self._window.append((c["rollouts_completed"], c["groups_committed"]))
+        spent = self._window[-1][0] - self._window[0][0]
+        effective = self._window[-1][1] - self._window[0][1]
+        self.live_rho = spent / effective if effective else None
+        self.refits += 1
+        self.set_price((spent + SHRINK * self.model_rho) / (effective + SHRINK))
+        return True
+
+    def _interval(self) -> int:
+        # early on, refit each time the decided count doubles (16, 32, 64, ...): the first
+        # groups teach the most, and the prior plan they run under is the least informed
+        assert self._fitted_at is not None
+        return min(self.settings.auto_refit_groups, max(16, self._fitted_at))
+
+    def _evidence(self, posteriors: list[dict[str, Any]], version: int
+                  ) -> list[tuple[float, float]]:
+        s = self.settings
+        out = []
+        for post in posteriors:
+            a, b = decay_posterior(post["a"], post["b"], s.prior_alpha, s.prior_beta,
+                                   s.posterior_decay, max(0, version - int(post.get("v", version))))
+            out.append((a - s.prior_alpha, b - s.prior_beta))
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """What /stats shows: the price in force, where it came from, and the fresh plan."""
+        plan = self.fresh_plan()
+        return {"rho": self.rho, "rho_live_window": self.live_rho, "rho_model": self.model_rho,
+                "rho_prior": self.prior_rho, "refits": self.refits,
+                "pool_mean_success": self.model.mean(),
+                "abandon_after_failures": plan.after_failures,
+                "abandon_after_successes": plan.after_successes,
+                "tau_floor": self.settings.tau_floor}

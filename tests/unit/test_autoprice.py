@@ -1,0 +1,71 @@
+"""AutoPricer: when it refits, and how the live yield and the pool model make the price."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sara_service import autoprice
+from sara_service.autoprice import AutoPricer
+from sara_service.settings import Settings
+
+
+class FakeStore:
+    """The two reads a refit makes, with values the test sets."""
+
+    def __init__(self) -> None:
+        self.counters = {"rollouts_completed": 0, "groups_committed": 0, "groups_abandoned": 0,
+                         "groups_dropped_saturated": 0}
+        self.posteriors: list[dict] = []
+
+    async def counter_values(self, fields):
+        return {f: self.counters[f] for f in fields}
+
+    async def sample_posteriors(self, limit):
+        return self.posteriors[:limit]
+
+
+def _refresh(pricer: AutoPricer, store: FakeStore) -> bool:
+    return asyncio.run(pricer.refresh(store, version=0))
+
+
+def test_before_any_yield_the_price_is_the_prior_fixed_point():
+    pricer, store = AutoPricer(Settings(tau_low="auto")), FakeStore()
+    assert _refresh(pricer, store)
+    assert pricer.rho == pytest.approx(pricer.prior_rho) and pricer.live_rho is None
+
+
+def test_refits_come_on_each_doubling_then_every_refit_groups():
+    pricer, store = AutoPricer(Settings(tau_low="auto", auto_refit_groups=100)), FakeStore()
+    refits = []
+    for decided in range(0, 600, 4):
+        store.counters["groups_committed"] = decided
+        if _refresh(pricer, store):
+            refits.append(decided)
+    assert refits[:4] == [0, 16, 32, 64] and refits[4:6] == [128, 228]
+
+
+def test_the_live_window_pulls_the_price_from_the_model(monkeypatch):
+    monkeypatch.setattr(autoprice, "SHRINK", 10.0)
+    pricer, store = AutoPricer(Settings(tau_low="auto", auto_refit_groups=16)), FakeStore()
+    _refresh(pricer, store)
+    # 1,000 effective groups at 40 rollouts each since the last refit
+    store.counters.update(rollouts_completed=40_000, groups_committed=1000)
+    assert _refresh(pricer, store)
+    assert pricer.live_rho == 40.0
+    expected = (40_000 + 10.0 * pricer.model_rho) / (1000 + 10.0)
+    assert pricer.rho == pytest.approx(expected)
+    # a price that says a mixed group is worth 40 rollouts: a fresh prompt never abandons at k=8
+    assert pricer.fresh_plan().after_failures == 9
+
+
+def test_a_pool_of_hopeless_prompts_makes_runs_of_failures_stop_early():
+    pricer, store = AutoPricer(Settings(tau_low="auto", group_size=16)), FakeStore()
+    # half the prompts failed 12 times in a row, half were mixed 6:6
+    store.posteriors = [{"a": 1.0, "b": 13.0, "v": 0}] * 200 + [{"a": 7.0, "b": 7.0, "v": 0}] * 200
+    _refresh(pricer, store)
+    plan = pricer.fresh_plan()
+    assert plan.after_failures <= 4 and not plan.skip
+    # a prompt with its own run of failures is not worth starting at that price
+    assert pricer.plan_for(1.0, 9.0).skip
+    assert pricer.snapshot()["abandon_after_failures"] == plan.after_failures
