@@ -173,7 +173,7 @@ class GroupDecision(_Answer):
 class ResultsResponse(_Answer):
     accepted: int = Field(description="Results that filled a rollout slot for the first time.")
     duplicates: int = Field(default=0, description="Results for slots already filled (ignored).")
-    late: int = Field(default=0, description="Results for cancelled rollouts (posterior only).")
+    late: int = Field(default=0, description="Results for cancelled rollouts: they teach the posterior only, once per slot.")
     released: int = Field(default=0, description="Aborted rollouts handed back for re-issue.")
     decisions: list[GroupDecision] = Field(default_factory=list)
     cancel: list[str] = Field(default_factory=list)
@@ -294,7 +294,7 @@ class Counters(_Answer):
         0, description="Re-queued: their lease expired, or their holder aborted or failed them.")
     rollouts_errored: int = Field(0, description="Results a worker reported as errors.")
     results_duplicate: int = 0
-    results_late: int = Field(0, description="Results for cancelled rollouts (posterior only).")
+    results_late: int = Field(0, description="Results for cancelled rollouts: they teach the posterior only, once per slot.")
     tokens_generated: int = 0
     groups_opened: int = 0
     groups_skipped: int = Field(0, description="Prompts skipped before any rollout.")

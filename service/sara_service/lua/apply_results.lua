@@ -53,6 +53,15 @@ local function update_posterior(pid, success)
   redis.call('HSET', POST, pid, cjson.encode(p))
 end
 
+-- Each slot teaches its prompt's posterior once, with the first outcome reported for it: a second
+-- answer for the same slot (a re-issued copy, a result sent by a non-holder and then the holder's
+-- own, a late result repeated) is one sample counted twice otherwise.
+local function learn_once(gkey, slot, success)
+  if redis.call('HSETNX', gkey, 'learned:' .. slot, 1) == 1 then
+    update_posterior(redis.call('HGET', gkey, 'prompt_id'), success)
+  end
+end
+
 -- Count a group's verdict in its prompt's history, and remember the outcome class the selection
 -- layer learns from: 'F' all-fail, 'M' mixed, 'S' all-success (the side a pure group ended on).
 local MAX_OBSERVATIONS = 16
@@ -266,8 +275,8 @@ for i = 1, count do
     end
   end
   local aborted = success < 0
-  -- 'd' = answered; 'd|<worker>' = answered while <worker> held a re-issued copy, now cancelled:
-  -- that worker's own answer is a fresh sample (late, posterior only); any other is a duplicate
+  -- 'd' = answered; 'd|<worker>' = answered while <worker> held a copy, now cancelled: that
+  -- worker's own answer is late (its slot already taught the posterior); any other a duplicate
   local copy_holder = string.match(st, '^d|(.*)$')
   if st == 'd' or (copy_holder and copy_holder ~= wid) then
     dups = dups + 1
@@ -276,7 +285,7 @@ for i = 1, count do
     released = released + 1
   else
     local decision = nil
-    if not aborted then update_posterior(redis.call('HGET', gkey, 'prompt_id'), success) end
+    if not aborted then learn_once(gkey, slot, success) end
     if st == 'c' or copy_holder or aborted then
       late = late + 1
       if copy_holder then redis.call('HSET', S, rid, 'd') end
