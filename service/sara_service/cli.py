@@ -96,6 +96,7 @@ def serve(
         if settings.auth_enabled:
             roles = [r for r in ("worker", "trainer", "operator", "admin")
                      if getattr(settings, f"{r}_token") is not None]
+            roles += ["per-worker (SARA_WORKER_SECRET)"] * (settings.worker_secret is not None)
             typer.echo(f"sara: auth on: bearer tokens for {', '.join(roles)}")
         else:
             typer.echo("sara: auth OPEN: no SARA_*_TOKEN set, anyone who can reach "
@@ -123,6 +124,20 @@ def serve(
             embedded.stop()
             typer.echo("sara: embedded redis stopped")
         signal.signal(signal.SIGTERM, previous)
+
+
+@app.command("worker-token")
+def worker_token_cmd(
+    worker_id: Annotated[str, typer.Argument(help="The worker id the token will act as.")],
+) -> None:
+    """Print a per-worker token derived from SARA_WORKER_SECRET: give it to that worker as
+    SARA_WORKER_TOKEN (with the same --worker-id); it cannot act as any other worker."""
+    from sara_service.credentials import worker_token
+
+    secret = os.environ.get("SARA_WORKER_SECRET")
+    if not secret:
+        raise _err("set SARA_WORKER_SECRET (the scheduler's) to derive worker tokens", 2)
+    typer.echo(worker_token(secret, worker_id))
 
 
 # --- load ----------------------------------------------------------------------------------------

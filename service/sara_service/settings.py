@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     trainer_token: SecretStr | None = None
     operator_token: SecretStr | None = None
     admin_token: SecretStr | None = None
+    worker_secret: SecretStr | None = Field(
+        None, description="Per-worker credentials: a worker's token is derived from this secret "
+                          "and its id (`sara worker-token ID`) and acts as that worker only.")
 
     @model_validator(mode="after")
     def _some_prompt_can_open(self) -> Settings:
@@ -92,12 +95,15 @@ class Settings(BaseSettings):
     def auth_enabled(self) -> bool:
         """True once any role token is configured; then every route needs one."""
         return any(t is not None for t in (self.worker_token, self.trainer_token,
-                                           self.operator_token, self.admin_token))
+                                           self.operator_token, self.admin_token,
+                                           self.worker_secret))
 
     def public_config(self) -> dict:
         """The configuration in force, without secrets, as /stats shows it."""
-        hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url"}
+        hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url",
+                  "worker_secret"}
         out = self.model_dump(mode="json", exclude=hidden)
         out["auth_enabled"] = self.auth_enabled
+        out["per_worker_credentials"] = self.worker_secret is not None
         out["redis"] = "embedded" if self.redis_embedded or not self.redis_url else "external"
         return out

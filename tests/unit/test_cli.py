@@ -326,3 +326,14 @@ def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
                                      "--no-compare", "--rollouts", "1234"])
     assert result.exit_code == 0, result.output
     assert (seen["config"].compare, seen["config"].rollout_budget) == (False, 1234)
+
+
+def test_worker_token_prints_the_token_the_scheduler_derives(monkeypatch):
+    from sara_service.credentials import worker_of
+
+    monkeypatch.setenv("SARA_WORKER_SECRET", "the secret")
+    result = runner.invoke(cli.app, ["worker-token", "gpu-3"])
+    assert result.exit_code == 0, result.output
+    assert worker_of("the secret", result.output.strip()) == "gpu-3"
+    monkeypatch.delenv("SARA_WORKER_SECRET")
+    assert runner.invoke(cli.app, ["worker-token", "gpu-3"]).exit_code == 2
