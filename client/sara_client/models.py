@@ -163,6 +163,11 @@ class RolloutResult(_Request):
 class ResultsRequest(_Request):
     worker_id: Identifier
     results: list[RolloutResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_CALL)
+    report_id: Identifier | None = Field(
+        default=None,
+        description="Idempotency key, unique per worker: a report sent again with the same id "
+                    "(a retry after a timeout or a 503) changes nothing and gets the first "
+                    "call's answer, decisions and cancels included, for SARA_REPORT_TTL_S.")
 
 
 class GroupDecision(_Answer):

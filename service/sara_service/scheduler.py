@@ -200,15 +200,16 @@ class Scheduler:
         An aborted rollout (finish_reason "abort") still held by the reporting worker is
         released for immediate re-issue; elsewhere it only counts its tokens. A worker error
         (finish_reason "error") is released the same way, except that the third error on one
-        rollout slot counts as a failure.
+        rollout slot counts as a failure. A `report_id` seen before answers what it answered then.
         """
         s = self.settings
         # neither carries an outcome: -1 and -2 keep them out of counts and posteriors
         successes = [_NO_OUTCOME.get(r.finish_reason, int(r.reward >= s.success_threshold))
                      for r in req.results]
-        applied = await self.store.apply_results(self.clock(), req.worker_id, req.results,
-                                                 successes, s.posterior_decay, s.prior_alpha,
-                                                 s.prior_beta, s.retention_s)
+        applied = await self.store.apply_results(
+            self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
+            s.prior_alpha, s.prior_beta, s.retention_s, report_id=req.report_id,
+            report_ttl_s=max(1, math.ceil(s.report_ttl_s)))
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,

@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     retention_s: float = Field(3600.0, gt=0.0,
                                description="How long finished groups and unseen workers are kept.")
     worker_stale_s: float = Field(120.0, gt=0.0)
+    report_ttl_s: float = Field(3600.0, gt=0.0, description="How long the answer to a result "
+                                "report with a report_id is kept for a retry to fetch again.")
 
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -4,15 +4,19 @@
 -- KEYS[7] = posteriors hash KEYS[8] = cancels hash      KEYS[9] = abandon histogram hash
 -- KEYS[10] = workers zset   KEYS[11] = worker_info hash KEYS[12] = policy hash
 -- KEYS[13] = gc zset        KEYS[14] = group_states hash
--- KEYS[15..] = hashes of the groups the results belong to
+-- KEYS[15] = this report's stored answer (a string; used when ARGV[8] > 0)
+-- KEYS[16..] = hashes of the groups the results belong to
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
 -- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
--- ARGV[7] = number of results, then 6 per result:
+-- ARGV[7] = number of results   ARGV[8] = seconds to keep this report's answer (0: no report id)
+-- then 6 per result:
 --           rollout id, index of its group key in KEYS, success (1/0/-1/-2), tokens,
 --           policy version, JSON
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
---          released}; success -1 marks an aborted (unfinished) rollout: no outcome; -2 a worker
+--          released}, or {'replay', JSON of that answer} when this report id was applied before:
+--          a retry of a call whose answer was lost gets its decisions and cancels, and changes
+--          nothing; success -1 marks an aborted (unfinished) rollout: no outcome; -2 a worker
 --          error (engine or server failure): no outcome either, until the same slot has failed
 --          MAX_ERRORS_PER_SLOT times, after which it counts as a failure so a prompt that always
 --          breaks the engine cannot circulate for ever
@@ -20,11 +24,16 @@
 -- instead: the counters audits_mixed / audits_pure measure what abandoning such groups loses.
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local count = tonumber(ARGV[7])
+local count, report_ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+local REPORT = KEYS[15]
+if report_ttl > 0 then
+  local stored = redis.call('GET', REPORT)
+  if stored then return {'replay', stored} end
+end
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 
-local function arg(i, j) return ARGV[7 + (i - 1) * 6 + j] end
+local function arg(i, j) return ARGV[8 + (i - 1) * 6 + j] end
 local MAX_ERRORS_PER_SLOT = 3
 
 local unknown = {}
@@ -317,4 +326,8 @@ local flat = {}
 for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
 local cancel = redis.call('HGET', CANCELS, wid) or ''
 redis.call('HDEL', CANCELS, wid)
+if report_ttl > 0 then
+  redis.call('SET', REPORT, cjson.encode({accepted, dups, late, flat, cancel, released}),
+    'EX', report_ttl)
+end
 return {'ok', accepted, dups, late, flat, cancel, released}
