@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, AsyncIterator
+import signal
+from typing import Any, AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
@@ -138,6 +139,38 @@ async def _stop_task(task: asyncio.Task, stop: asyncio.Event) -> None:
         await asyncio.wait({task}, timeout=1.0)
 
 
+def _answer_long_polls_on_signals(scheduler: Scheduler) -> Callable[[], None]:
+    """Chain SIGTERM/SIGINT to `scheduler.begin_shutdown`; returns what restores the handlers.
+
+    uvicorn, on SIGTERM, stops accepting and then waits for requests in flight: a long poll
+    (a lease or /batches/next with wait_s up to a minute) would hold the process past any grace
+    period. Answering them at once, empty, lets it exit in well under Docker's 10 s. Signals can
+    only be set from the main thread; elsewhere (a test client's thread) nothing is chained.
+    """
+    saved: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            scheduler.begin_shutdown()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
+        saved[sig] = previous
+
+    def restore() -> None:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+    return restore
+
+
 def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
                clock: Clock | None = None) -> FastAPI:
     """Build the scheduler app. `redis` defaults to a client for settings.redis_url."""
@@ -155,9 +188,12 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
             log.warning("no role tokens configured: the API is open to anyone who can reach it")
         stop = asyncio.Event()
         task = asyncio.create_task(_maintenance_loop(scheduler, stop))
+        restore_signals = _answer_long_polls_on_signals(scheduler)
         try:
             yield
         finally:
+            scheduler.begin_shutdown()
+            restore_signals()
             await _stop_task(task, stop)
             await redis.aclose()
 

@@ -110,13 +110,15 @@ def serve(
         if workers == 1:
             from sara_service.app import create_app
 
-            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+                        timeout_graceful_shutdown=settings.shutdown_grace_s)
         else:
             # Worker processes inherit the environment: pass every override (and the embedded URL).
             for key, value in {**overrides, "redis_url": settings.redis_url}.items():
                 os.environ[f"SARA_{key.upper()}"] = str(value)
             uvicorn.run("sara_service.cli:_app_from_env", factory=True, host=host, port=port,
-                        workers=workers, log_level=log_level)
+                        workers=workers, log_level=log_level,
+                        timeout_graceful_shutdown=settings.shutdown_grace_s)
     except KeyboardInterrupt:
         pass
     finally:

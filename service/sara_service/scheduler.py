@@ -58,6 +58,7 @@ class Scheduler:
         self.settings = settings
         self.store = store
         self.clock = clock or time.time
+        self.stopping = False  # set on SIGTERM: long polls answer at once, empty
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # With a uniform prior every group of a run has the same plan: compute it once.
@@ -70,9 +71,13 @@ class Scheduler:
         """Expected effective groups to keep ready or in the making."""
         return self.settings.prefetch_batches * self.settings.batch_size
 
+    def begin_shutdown(self) -> None:
+        """Answer every long poll now, and every later one at once: the process is stopping."""
+        self.stopping = True
+
     async def _sleep_until_next_poll(self, deadline: float) -> bool:
-        """Wait one poll interval; False when the deadline has passed."""
-        if self.clock() >= deadline:
+        """Wait one poll interval; False when the deadline has passed or shutdown has begun."""
+        if self.stopping or self.clock() >= deadline:
             return False
         await asyncio.sleep(self.settings.poll_interval_s)
         return True

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(256, ge=1)
 
     poll_interval_s: float = Field(0.02, gt=0.0, description="Long-poll re-check interval.")
+    shutdown_grace_s: float = Field(
+        5.0, gt=0.0, description="On SIGTERM, how long `sara serve` waits for requests in flight "
+                                 "(long polls are answered at once) before it cancels them.")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
 
     worker_token: SecretStr | None = None
