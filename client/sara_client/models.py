@@ -277,6 +277,7 @@ class HealthResponse(_Answer):
     status: Literal["ok", "unavailable"]
     redis: bool | None = None
     namespace: str | None = None
+    detail: str | None = Field(default=None, description="Why /healthz asks for a restart.")
 
 
 class ErrorBody(_Answer):

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sara_client.models import ErrorEnvelope
 
 from .errors import SaraServiceError, StoreUnavailable
+from .health import RedisHealth
 from .routers import batches, dashboard, leases, observe, policy, prompts, results
 from .scheduler import Clock, Scheduler
 from .settings import Settings
@@ -117,13 +118,15 @@ def _replay(messages: list[dict]) -> Any:
     return receive
 
 
-async def _maintenance_loop(scheduler: Scheduler, stop: asyncio.Event) -> None:
+async def _maintenance_loop(scheduler: Scheduler, stop: asyncio.Event,
+                            health: RedisHealth) -> None:
     # upkeep must outlive any one failure: a dead loop would stop lease expiry and GC for good
     while not stop.is_set():
         try:
             await scheduler.maintain()
+            health.observe(True)
         except StoreUnavailable:
-            pass
+            health.observe(False)
         except Exception:  # noqa: BLE001 - logged, and tried again next interval
             log.exception("upkeep failed; retrying in %.0f s", MAINTENANCE_INTERVAL_S)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -172,8 +175,9 @@ def _answer_long_polls_on_signals(scheduler: Scheduler) -> Callable[[], None]:
 
 
 def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
-               clock: Clock | None = None) -> FastAPI:
-    """Build the scheduler app. `redis` defaults to a client for settings.redis_url."""
+               clock: Clock | None = None, embedded: Any = None) -> FastAPI:
+    """Build the scheduler app. `redis` defaults to a client for settings.redis_url;
+    `embedded` is the supervised EmbeddedRedis behind it, if any (/healthz watches it)."""
     if redis is None:
         if not settings.redis_url:
             raise ValueError("settings.redis_url is unset: start an embedded Redis first "
@@ -181,13 +185,14 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
         redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5,
                                         socket_connect_timeout=2)
     scheduler = Scheduler(settings, Store(redis, settings.namespace), clock)
+    health = RedisHealth(scheduler.clock, settings.redis_down_limit_s, embedded)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not settings.auth_enabled:
             log.warning("no role tokens configured: the API is open to anyone who can reach it")
         stop = asyncio.Event()
-        task = asyncio.create_task(_maintenance_loop(scheduler, stop))
+        task = asyncio.create_task(_maintenance_loop(scheduler, stop, health))
         restore_signals = _answer_long_polls_on_signals(scheduler)
         try:
             yield
@@ -205,6 +210,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
                               "batches.")
     app.state.settings = settings
     app.state.scheduler = scheduler
+    app.state.redis_health = health
     for module in (prompts, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
     _install_error_handlers(app)

@@ -89,7 +89,8 @@ def serve(
         if settings.redis_url is None:
             from sara_service.embedded import EmbeddedRedis
 
-            embedded = EmbeddedRedis(settings.data_dir).start()
+            # supervised: restarted on the same port and data dir if it dies (a log line says so)
+            embedded = EmbeddedRedis(settings.data_dir).start().supervise()
             typer.echo(f"sara: embedded redis at {embedded.url} (AOF in {embedded.data_dir})")
             settings = settings.model_copy(update={"redis_url": embedded.url,
                                                   "redis_embedded": True})
@@ -110,7 +111,8 @@ def serve(
         if workers == 1:
             from sara_service.app import create_app
 
-            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+            uvicorn.run(create_app(settings, embedded=embedded), host=host, port=port,
+                        log_level=log_level,
                         timeout_graceful_shutdown=settings.shutdown_grace_s)
         else:
             # Worker processes inherit the environment: pass every override (and the embedded URL).

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     max_tokens: int = Field(256, ge=1)
 
     poll_interval_s: float = Field(0.02, gt=0.0, description="Long-poll re-check interval.")
+    redis_down_limit_s: float = Field(
+        60.0, gt=0.0, description="/healthz answers 503 (restart me) once Redis has been "
+                                  "unreachable this long; /readyz answers 503 at once.")
     shutdown_grace_s: float = Field(
         5.0, gt=0.0, description="On SIGTERM, how long `sara serve` waits for requests in flight "
                                  "(long polls are answered at once) before it cancels them.")
