@@ -199,13 +199,15 @@ class Scheduler:
                                             self._lease_key_ttl())
         return HeartbeatResponse(lease_id=lease_id, expires_at=expires_at, cancel=cancel)
 
-    async def report(self, req: ResultsRequest) -> ResultsResponse:
+    async def report(self, req: ResultsRequest, holder_only: bool = False) -> ResultsResponse:
         """Apply results; a reward at or above success_threshold counts as a success.
 
         An aborted rollout (finish_reason "abort") still held by the reporting worker is
         released for immediate re-issue; elsewhere it only counts its tokens. A worker error
         (finish_reason "error") is released the same way, except that the third error on one
         rollout slot counts as a failure. A `report_id` seen before answers what it answered then.
+        `holder_only` (the worker id is authenticated) ignores results for rollouts another
+        worker holds, as duplicates.
         """
         s = self.settings
         # neither carries an outcome: -1 and -2 keep them out of counts and posteriors
@@ -214,7 +216,7 @@ class Scheduler:
         applied = await self.store.apply_results(
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, report_id=req.report_id,
-            report_ttl_s=max(1, math.ceil(s.report_ttl_s)))
+            report_ttl_s=max(1, math.ceil(s.report_ttl_s)), holder_only=holder_only)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,

@@ -237,17 +237,19 @@ class Store:
     async def apply_results(self, now: float, worker_id: str, results: list[RolloutResult],
                             successes: list[int], decay: float, alpha0: float, beta0: float,
                             retention_s: float, *, report_id: str | None = None,
-                            report_ttl_s: int = 0) -> AppliedResults:
+                            report_ttl_s: int = 0, holder_only: bool = False) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
         `successes` holds 1/0 per result, -1 for an aborted rollout (no outcome learned) or -2
         for a worker error (no outcome, until the third on one slot: then a failure). With a
         `report_id`, the answer is kept `report_ttl_s` in the same script, and a report sent again
-        with that id gets it back (`replayed`) and changes nothing.
+        with that id gets it back (`replayed`) and changes nothing. `holder_only` (an
+        authenticated worker id) ignores results for rollouts another worker holds.
         """
         k = self.keys
         ttl = report_ttl_s if report_id else 0
-        args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, len(results), ttl]
+        args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, len(results), ttl,
+                           int(holder_only)]
         group_index = _result_args(results, successes, args, base=16)  # KEYS 1..15: below
         keys = [k.slots, k.inflight, k.pending, k.stats, k.open_groups, k.ready, k.posteriors,
                 k.cancels, k.abandon_hist, k.workers, k.worker_info, k.policy, k.gc,

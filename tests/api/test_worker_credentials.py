@@ -65,3 +65,20 @@ async def test_a_bound_token_is_a_worker_token_only(bound):
     assert r.status_code == 403
     r = await bound.get("/stats", headers={"Authorization": "Bearer w1.deadbeef"})
     assert r.status_code == 401
+
+
+async def test_a_result_for_a_rollout_another_worker_holds_is_ignored(bound):
+    admin = {"Authorization": "Bearer tok-admin"}
+    await bound.post("/prompts", {"prompts": [prompt_spec("m", "mixed")]}, headers=admin)
+    lease = (await bound.post("/leases", {"worker_id": "w1", "max_rollouts": 4, "wait_s": 0},
+                              headers=as_worker("w1"))).json()
+    rollout = lease["rollouts"][0]
+    stolen = await bound.post("/results", {"worker_id": "w2", "results": [
+        result_for(rollout, reward=0.0)]}, headers=as_worker("w2"))
+    assert stolen.status_code == 200, stolen.text
+    assert (stolen.json()["accepted"], stolen.json()["duplicates"]) == (0, 1)
+    own = await bound.post("/results", {"worker_id": "w1", "results": [
+        result_for(rollout, reward=1.0)]}, headers=as_worker("w1"))
+    assert (own.json()["accepted"], own.json()["cancel"]) == (1, [])
+    view = (await bound.get(f"/groups/{rollout['group_id']}", headers=admin)).json()
+    assert (view["done"], view["successes"]) == (1, 1)

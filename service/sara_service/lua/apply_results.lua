@@ -9,6 +9,8 @@
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
 -- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
 -- ARGV[7] = number of results   ARGV[8] = seconds to keep this report's answer (0: no report id)
+-- ARGV[9] = 1 when the worker id is authenticated (per-worker credentials): a result for a
+--           rollout that another worker holds is then ignored (counted as a duplicate)
 -- then 6 per result:
 --           rollout id, index of its group key in KEYS, success (1/0/-1/-2), tokens,
 --           policy version, JSON
@@ -24,7 +26,7 @@
 -- instead: the counters audits_mixed / audits_pure measure what abandoning such groups loses.
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local count, report_ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+local count, report_ttl, holder_only = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
 local REPORT = KEYS[15]
 if report_ttl > 0 then
   local stored = redis.call('GET', REPORT)
@@ -33,7 +35,7 @@ end
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 
-local function arg(i, j) return ARGV[8 + (i - 1) * 6 + j] end
+local function arg(i, j) return ARGV[9 + (i - 1) * 6 + j] end
 local MAX_ERRORS_PER_SLOT = 3
 
 local unknown = {}
@@ -287,7 +289,8 @@ for i = 1, count do
   -- 'd' = answered; 'd|<worker>' = answered while <worker> held a copy, now cancelled: that
   -- worker's own answer is late (its slot already taught the posterior); any other a duplicate
   local copy_holder = string.match(st, '^d|(.*)$')
-  if st == 'd' or (copy_holder and copy_holder ~= wid) then
+  local others = holder_only and string.sub(st, 1, 2) == 'l|' and not held_here
+  if st == 'd' or (copy_holder and copy_holder ~= wid) or others then
     dups = dups + 1
   elseif aborted and held_here then
     release(rid)

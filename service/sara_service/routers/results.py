@@ -16,4 +16,5 @@ router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole
 async def report(body: ResultsRequest, scheduler: SchedulerDep, request: Request):
     """Report rewards; answers the decisions taken and the worker's cancel list."""
     check_worker(request, body.worker_id)
-    return json_response(await scheduler.report(body))
+    bound = getattr(request.state, "bound_worker", None) is not None
+    return json_response(await scheduler.report(body, holder_only=bound))
