@@ -158,8 +158,9 @@ def _answer_long_polls_on_signals(scheduler: Scheduler) -> Callable[[], None]:
             scheduler.begin_shutdown()
             if callable(previous):
                 previous(signum, frame)
-            elif previous == signal.SIG_DFL and signum == signal.SIGINT:
-                raise KeyboardInterrupt
+            elif previous == signal.SIG_DFL:  # what the signal would have done: end the process
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
 
         try:
             signal.signal(sig, handler)
@@ -172,6 +173,28 @@ def _answer_long_polls_on_signals(scheduler: Scheduler) -> Callable[[], None]:
             signal.signal(sig, previous)
 
     return restore
+
+
+def _lifespan(scheduler: Scheduler, health: RedisHealth, redis: aioredis.Redis) -> Callable:
+    """The app's lifespan: upkeep runs while it serves; SIGTERM answers long polls at once; on
+    the way out upkeep stops (bounded) and the Redis client closes."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not scheduler.settings.auth_enabled:
+            log.warning("no role tokens configured: the API is open to anyone who can reach it")
+        stop = asyncio.Event()
+        task = asyncio.create_task(_maintenance_loop(scheduler, stop, health))
+        restore_signals = _answer_long_polls_on_signals(scheduler)
+        try:
+            yield
+        finally:
+            scheduler.begin_shutdown()
+            restore_signals()
+            await _stop_task(task, stop)
+            await redis.aclose()
+
+    return lifespan
 
 
 def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
@@ -187,21 +210,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     scheduler = Scheduler(settings, Store(redis, settings.namespace), clock)
     health = RedisHealth(scheduler.clock, settings.redis_down_limit_s, embedded)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if not settings.auth_enabled:
-            log.warning("no role tokens configured: the API is open to anyone who can reach it")
-        stop = asyncio.Event()
-        task = asyncio.create_task(_maintenance_loop(scheduler, stop, health))
-        restore_signals = _answer_long_polls_on_signals(scheduler)
-        try:
-            yield
-        finally:
-            scheduler.begin_shutdown()
-            restore_signals()
-            await _stop_task(task, stop)
-            await redis.aclose()
-
+    lifespan = _lifespan(scheduler, health, redis)
     app = FastAPI(title="SARA rollout-allocation service", version="0.1.0", lifespan=lifespan,
                   responses={422: {"model": ErrorEnvelope, "description": "Invalid request: "
                                    "the message names the field"}},
