@@ -11,6 +11,7 @@ import email.utils
 import math
 import random
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -332,9 +333,12 @@ class BaseSaraClient:
         return Call("POST", f"/leases/{_segment(lease_id)}/heartbeat",
                     partial(parse_model, model=HeartbeatResponse), json=_body(request))
 
-    def _results_request(self, worker_id: str,
-                         results: Sequence[RolloutResult | dict[str, Any]]) -> ResultsRequest:
-        return ResultsRequest(worker_id=worker_id, results=list(results))
+    def _results_request(self, worker_id: str, results: Sequence[RolloutResult | dict[str, Any]],
+                         report_id: str | None = None) -> ResultsRequest:
+        # one report id per report, reused by every retry of it: a retry of a call that was
+        # applied but whose answer was lost gets that answer (its cancels) back
+        return ResultsRequest(worker_id=worker_id, results=list(results),
+                              report_id=report_id or "r" + uuid.uuid4().hex)
 
     def _report_call(self, request: ResultsRequest,
                      dropped: Sequence[str] = ()) -> Call[ReportResponse]:
@@ -359,7 +363,7 @@ class BaseSaraClient:
             return None  # resending the same results would fail the same way
         if not remaining:
             return ReportResponse(accepted=0, unknown_rollout_ids=dropped)
-        resend = ResultsRequest(worker_id=request.worker_id, results=remaining)
+        resend = self._results_request(request.worker_id, remaining)  # another report
         return self._report_call(resend, dropped)
 
     # --- trainer ---------------------------------------------------------------------------------

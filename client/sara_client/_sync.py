@@ -134,15 +134,19 @@ class SaraClient(BaseSaraClient):
         return self._send(self._heartbeat_call(lease_id, worker_id))
 
     def report(self, worker_id: str,
-               results: Sequence[RolloutResult | dict[str, Any]]) -> ReportResponse:
+               results: Sequence[RolloutResult | dict[str, Any]],
+               report_id: str | None = None) -> ReportResponse:
         """Send rollout results; returns the group decisions and rollouts to cancel.
 
         If the service answers 404 ``unknown_rollout`` naming ids in
         ``detail.unknown_rollout_ids``, those results are dropped and the rest resent once; the
         answer then is the resend's, with the dropped ids in ``unknown_rollout_ids`` (and
         ``accepted == 0`` when nothing remained to resend). Any other 404 is raised.
+
+        Every try of one report carries the same ``report_id`` (a new one unless given): when a
+        try was applied but its answer lost, the retry gets that answer, cancels included.
         """
-        request = self._results_request(worker_id, results)
+        request = self._results_request(worker_id, results, report_id)
         try:
             return self._send(self._report_call(request))
         except NotFoundError as exc:

@@ -165,6 +165,11 @@ class RolloutResult(_Request):
 class ResultsRequest(_Request):
     worker_id: Identifier
     results: list[RolloutResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_CALL)
+    report_id: Identifier | None = Field(
+        default=None,
+        description="Idempotency key, unique per worker: a report sent again with the same id "
+                    "(a retry after a timeout or a 503) changes nothing and gets the first "
+                    "call's answer, decisions and cancels included, for SARA_REPORT_TTL_S.")
 
 
 class GroupDecision(_Answer):
@@ -175,7 +180,7 @@ class GroupDecision(_Answer):
 class ResultsResponse(_Answer):
     accepted: int = Field(description="Results that filled a rollout slot for the first time.")
     duplicates: int = Field(default=0, description="Results for slots already filled (ignored).")
-    late: int = Field(default=0, description="Results for cancelled rollouts (posterior only).")
+    late: int = Field(default=0, description="Results for cancelled rollouts: they teach the posterior only, once per slot.")
     released: int = Field(default=0, description="Aborted rollouts handed back for re-issue.")
     decisions: list[GroupDecision] = Field(default_factory=list)
     cancel: list[str] = Field(default_factory=list)
@@ -274,6 +279,7 @@ class HealthResponse(_Answer):
     status: Literal["ok", "unavailable"]
     redis: bool | None = None
     namespace: str | None = None
+    detail: str | None = Field(default=None, description="Why /healthz asks for a restart.")
 
 
 class ErrorBody(_Answer):
@@ -296,7 +302,7 @@ class Counters(_Answer):
         0, description="Re-queued: their lease expired, or their holder aborted or failed them.")
     rollouts_errored: int = Field(0, description="Results a worker reported as errors.")
     results_duplicate: int = 0
-    results_late: int = Field(0, description="Results for cancelled rollouts (posterior only).")
+    results_late: int = Field(0, description="Results for cancelled rollouts: they teach the posterior only, once per slot.")
     tokens_generated: int = 0
     groups_opened: int = 0
     groups_skipped: int = Field(0, description="Prompts skipped before any rollout.")

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, AsyncIterator
+import signal
+from typing import Any, AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sara_client.models import ErrorEnvelope
 
 from .errors import SaraServiceError, StoreUnavailable
+from .health import RedisHealth
 from .routers import batches, dashboard, leases, observe, policy, prompts, results
 from .scheduler import Clock, Scheduler
 from .settings import Settings
@@ -116,13 +118,15 @@ def _replay(messages: list[dict]) -> Any:
     return receive
 
 
-async def _maintenance_loop(scheduler: Scheduler, stop: asyncio.Event) -> None:
+async def _maintenance_loop(scheduler: Scheduler, stop: asyncio.Event,
+                            health: RedisHealth) -> None:
     # upkeep must outlive any one failure: a dead loop would stop lease expiry and GC for good
     while not stop.is_set():
         try:
             await scheduler.maintain()
+            health.observe(True)
         except StoreUnavailable:
-            pass
+            health.observe(False)
         except Exception:  # noqa: BLE001 - logged, and tried again next interval
             log.exception("upkeep failed; retrying in %.0f s", MAINTENANCE_INTERVAL_S)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -138,9 +142,65 @@ async def _stop_task(task: asyncio.Task, stop: asyncio.Event) -> None:
         await asyncio.wait({task}, timeout=1.0)
 
 
+def _answer_long_polls_on_signals(scheduler: Scheduler) -> Callable[[], None]:
+    """Chain SIGTERM/SIGINT to `scheduler.begin_shutdown`; returns what restores the handlers.
+
+    uvicorn, on SIGTERM, stops accepting and then waits for requests in flight: a long poll
+    (a lease or /batches/next with wait_s up to a minute) would hold the process past any grace
+    period. Answering them at once, empty, lets it exit in well under Docker's 10 s. Signals can
+    only be set from the main thread; elsewhere (a test client's thread) nothing is chained.
+    """
+    saved: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            scheduler.begin_shutdown()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:  # what the signal would have done: end the process
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            break
+        saved[sig] = previous
+
+    def restore() -> None:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
+
+    return restore
+
+
+def _lifespan(scheduler: Scheduler, health: RedisHealth, redis: aioredis.Redis) -> Callable:
+    """The app's lifespan: upkeep runs while it serves; SIGTERM answers long polls at once; on
+    the way out upkeep stops (bounded) and the Redis client closes."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not scheduler.settings.auth_enabled:
+            log.warning("no role tokens configured: the API is open to anyone who can reach it")
+        stop = asyncio.Event()
+        task = asyncio.create_task(_maintenance_loop(scheduler, stop, health))
+        restore_signals = _answer_long_polls_on_signals(scheduler)
+        try:
+            yield
+        finally:
+            scheduler.begin_shutdown()
+            restore_signals()
+            await _stop_task(task, stop)
+            await redis.aclose()
+
+    return lifespan
+
+
 def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
-               clock: Clock | None = None) -> FastAPI:
-    """Build the scheduler app. `redis` defaults to a client for settings.redis_url."""
+               clock: Clock | None = None, embedded: Any = None) -> FastAPI:
+    """Build the scheduler app. `redis` defaults to a client for settings.redis_url;
+    `embedded` is the supervised EmbeddedRedis behind it, if any (/healthz watches it)."""
     if redis is None:
         if not settings.redis_url:
             raise ValueError("settings.redis_url is unset: start an embedded Redis first "
@@ -148,19 +208,9 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
         redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5,
                                         socket_connect_timeout=2)
     scheduler = Scheduler(settings, Store(redis, settings.namespace), clock)
+    health = RedisHealth(scheduler.clock, settings.redis_down_limit_s, embedded)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if not settings.auth_enabled:
-            log.warning("no role tokens configured: the API is open to anyone who can reach it")
-        stop = asyncio.Event()
-        task = asyncio.create_task(_maintenance_loop(scheduler, stop))
-        try:
-            yield
-        finally:
-            await _stop_task(task, stop)
-            await redis.aclose()
-
+    lifespan = _lifespan(scheduler, health, redis)
     app = FastAPI(title="SARA rollout-allocation service", version="0.1.0", lifespan=lifespan,
                   responses={422: {"model": ErrorEnvelope, "description": "Invalid request: "
                                    "the message names the field"}},
@@ -169,6 +219,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
                               "batches.")
     app.state.settings = settings
     app.state.scheduler = scheduler
+    app.state.redis_health = health
     for module in (prompts, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
     _install_error_handlers(app)

@@ -90,13 +90,15 @@ def serve(
         if settings.redis_url is None:
             from sara_service.embedded import EmbeddedRedis
 
-            embedded = EmbeddedRedis(settings.data_dir).start()
+            # supervised: restarted on the same port and data dir if it dies (a log line says so)
+            embedded = EmbeddedRedis(settings.data_dir).start().supervise()
             typer.echo(f"sara: embedded redis at {embedded.url} (AOF in {embedded.data_dir})")
             settings = settings.model_copy(update={"redis_url": embedded.url,
                                                   "redis_embedded": True})
         if settings.auth_enabled:
             roles = [r for r in ("worker", "trainer", "operator", "admin")
                      if getattr(settings, f"{r}_token") is not None]
+            roles += ["per-worker (SARA_WORKER_SECRET)"] * (settings.worker_secret is not None)
             typer.echo(f"sara: auth on: bearer tokens for {', '.join(roles)}")
         else:
             typer.echo("sara: auth OPEN: no SARA_*_TOKEN set, anyone who can reach "
@@ -110,13 +112,16 @@ def serve(
         if workers == 1:
             from sara_service.app import create_app
 
-            uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+            uvicorn.run(create_app(settings, embedded=embedded), host=host, port=port,
+                        log_level=log_level,
+                        timeout_graceful_shutdown=settings.shutdown_grace_s)
         else:
             # Worker processes inherit the environment: pass every override (and the embedded URL).
             for key, value in {**overrides, "redis_url": settings.redis_url}.items():
                 os.environ[f"SARA_{key.upper()}"] = str(value)
             uvicorn.run("sara_service.cli:_app_from_env", factory=True, host=host, port=port,
-                        workers=workers, log_level=log_level)
+                        workers=workers, log_level=log_level,
+                        timeout_graceful_shutdown=settings.shutdown_grace_s)
     except KeyboardInterrupt:
         pass
     finally:
@@ -124,6 +129,20 @@ def serve(
             embedded.stop()
             typer.echo("sara: embedded redis stopped")
         signal.signal(signal.SIGTERM, previous)
+
+
+@app.command("worker-token")
+def worker_token_cmd(
+    worker_id: Annotated[str, typer.Argument(help="The worker id the token will act as.")],
+) -> None:
+    """Print a per-worker token derived from SARA_WORKER_SECRET: give it to that worker as
+    SARA_WORKER_TOKEN (with the same --worker-id); it cannot act as any other worker."""
+    from sara_service.credentials import worker_token
+
+    secret = os.environ.get("SARA_WORKER_SECRET")
+    if not secret:
+        raise _err("set SARA_WORKER_SECRET (the scheduler's) to derive worker tokens", 2)
+    typer.echo(worker_token(secret, worker_id))
 
 
 # --- load ----------------------------------------------------------------------------------------

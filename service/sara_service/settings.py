@@ -77,18 +77,29 @@ class Settings(BaseSettings):
     retention_s: float = Field(3600.0, gt=0.0,
                                description="How long finished groups and unseen workers are kept.")
     worker_stale_s: float = Field(120.0, gt=0.0)
+    report_ttl_s: float = Field(3600.0, gt=0.0, description="How long the answer to a result "
+                                "report with a report_id is kept for a retry to fetch again.")
 
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(256, ge=1)
 
     poll_interval_s: float = Field(0.02, gt=0.0, description="Long-poll re-check interval.")
+    redis_down_limit_s: float = Field(
+        60.0, gt=0.0, description="/healthz answers 503 (restart me) once Redis has been "
+                                  "unreachable this long; /readyz answers 503 at once.")
+    shutdown_grace_s: float = Field(
+        5.0, gt=0.0, description="On SIGTERM, how long `sara serve` waits for requests in flight "
+                                 "(long polls are answered at once) before it cancels them.")
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
 
     worker_token: SecretStr | None = None
     trainer_token: SecretStr | None = None
     operator_token: SecretStr | None = None
     admin_token: SecretStr | None = None
+    worker_secret: SecretStr | None = Field(
+        None, description="Per-worker credentials: a worker's token is derived from this secret "
+                          "and its id (`sara worker-token ID`) and acts as that worker only.")
 
     @model_validator(mode="after")
     def _some_prompt_can_open(self) -> Settings:
@@ -114,14 +125,17 @@ class Settings(BaseSettings):
     def auth_enabled(self) -> bool:
         """True once any role token is configured; then every route needs one."""
         return any(t is not None for t in (self.worker_token, self.trainer_token,
-                                           self.operator_token, self.admin_token))
+                                           self.operator_token, self.admin_token,
+                                           self.worker_secret))
 
     def public_config(self) -> dict:
         """The configuration in force, without secrets, as /stats shows it."""
-        hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url"}
+        hidden = {"worker_token", "trainer_token", "operator_token", "admin_token", "redis_url",
+                  "worker_secret"}
         out = self.model_dump(mode="json", exclude=hidden)
         if out["posterior_half_life"] == float("inf"):  # JSON has no infinity; /stats would fail
             out["posterior_half_life"] = "inf"
         out["auth_enabled"] = self.auth_enabled
+        out["per_worker_credentials"] = self.worker_secret is not None
         out["redis"] = "embedded" if self.redis_embedded or not self.redis_url else "external"
         return out

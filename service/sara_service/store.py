@@ -69,6 +69,26 @@ class AppliedResults:
     decisions: list[tuple[str, str]]
     cancel: list[str]
     released: int = 0
+    replayed: bool = False  # the stored answer of a report id applied before
+
+
+def _result_args(results: list[RolloutResult], successes: list[int], args: list[Any],
+                 base: int) -> dict[str, int]:
+    """Append apply_results.lua's 6 ARGV per result; returns group id -> its KEYS position
+    (from `base`). UnknownRollouts for an id that is no rollout id at all."""
+    group_index: dict[str, int] = {}
+    unknown: list[str] = []
+    for r, ok in zip(results, successes):
+        parsed = split_rollout_id(r.rollout_id)
+        if parsed is None:
+            unknown.append(r.rollout_id)
+            continue
+        idx = group_index.setdefault(parsed[0], base + len(group_index))
+        args += [r.rollout_id, idx, ok, r.completion_tokens, r.policy_version,
+                 r.model_dump_json(exclude_none=True)]
+    if unknown:
+        raise UnknownRollouts(unknown)
+    return group_index
 
 
 class Store:
@@ -245,44 +265,42 @@ class Store:
     @_unavailable_on_redis_error
     async def apply_results(self, now: float, worker_id: str, results: list[RolloutResult],
                             successes: list[int], decay: float, alpha0: float, beta0: float,
-                            retention_s: float, half_life: float = math.inf) -> AppliedResults:
+                            retention_s: float, half_life: float = math.inf, *,
+                            report_id: str | None = None, report_ttl_s: int = 0,
+                            holder_only: bool = False) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
         Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
         the pool (see `pool_clock`; inf: never).
 
         `successes` holds 1/0 per result, -1 for an aborted rollout (no outcome learned) or -2
-        for a worker error (no outcome, until the third on one slot: then a failure).
+        for a worker error (no outcome, until the third on one slot: then a failure). With a
+        `report_id`, the answer is kept `report_ttl_s` in the same script, and a report sent again
+        with that id gets it back (`replayed`) and changes nothing. `holder_only` (an
+        authenticated worker id) ignores results for rollouts another worker holds.
         """
         k = self.keys
-        group_index: dict[str, int] = {}
-        unknown: list[str] = []
+        ttl = report_ttl_s if report_id else 0
         # Lua cannot read "inf" portably: 0 stands for no half-life
         lua_half_life = repr(half_life) if math.isfinite(half_life) else 0
         args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, lua_half_life,
-                           len(results)]
-        base = 16  # KEYS positions 1..15 are the fixed keys below (Lua counts from 1)
-        for r, ok in zip(results, successes):
-            parsed = split_rollout_id(r.rollout_id)
-            if parsed is None:
-                unknown.append(r.rollout_id)
-                continue
-            gid = parsed[0]
-            idx = group_index.setdefault(gid, base + len(group_index))
-            blob = r.model_dump_json(exclude_none=True)
-            args += [r.rollout_id, idx, ok, r.completion_tokens, r.policy_version, blob]
-        if unknown:
-            raise UnknownRollouts(unknown)
+                           len(results), ttl, int(holder_only)]
+        group_index = _result_args(results, successes, args, base=17)  # KEYS 1..16: below
         keys = [k.slots, k.inflight, k.pending, k.stats, k.open_groups, k.ready, k.posteriors,
                 k.cancels, k.abandon_hist, k.workers, k.worker_info, k.policy, k.gc,
-                k.group_states, k.prompts, *(k.group(g) for g in group_index)]
+                k.group_states, k.prompts, k.report(worker_id, report_id or ""),
+                *(k.group(g) for g in group_index)]
         out = await self._run("apply_results", keys, args)
         if _s(out[0]) == "unknown":
             raise UnknownRollouts([_s(x) for x in out[1]])
+        replayed = _s(out[0]) == "replay"
+        if replayed:  # the stored answer: cjson writes an empty list as {}
+            out = ["ok", *[v or [] if isinstance(v, (list, dict)) else v
+                           for v in json.loads(_s(out[1]))]]
         flat = [_s(x) for x in out[4]]
         decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
-                              _s(out[5]).split(), int(out[6]))
+                              _s(out[5]).split(), int(out[6]), replayed)
 
     # --- batches and policy ---------------------------------------------------------------------
 

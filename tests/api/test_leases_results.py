@@ -183,7 +183,8 @@ async def test_worker_holding_an_answered_copy_is_told_to_cancel(api, channel):
     assert (await api.lease("w2", 1))["cancel"] == []  # drained once delivered
 
 
-async def test_cancelled_copy_reported_anyway_is_late_and_updates_posterior(make_api):
+async def test_cancelled_copy_reported_anyway_is_late_and_teaches_nothing_twice(make_api):
+    # issue 14, finding 9: one slot is one sample; its copy's answer must not count again.
     # w2's lease opens another group of the one-prompt pool, an epoch later: no half-life, so
     # the posterior counts plainly (the half-life is tested in tests/store)
     api = await make_api(posterior_half_life=float("inf"))
@@ -195,7 +196,32 @@ async def test_cancelled_copy_reported_anyway_is_late_and_updates_posterior(make
     assert (await api.lease("w2", 1))["cancel"]
     out = await api.report("w2", [result_for(new[0])])
     assert (out["late"], out["duplicates"]) == (1, 0)
-    assert (await api.prompt("f"))["posterior"]["beta"] == 6.0
+    assert (await api.prompt("f"))["posterior"]["beta"] == 5.0
+
+
+async def test_a_result_from_a_non_holder_never_counts_twice_in_the_posterior(api):
+    # issue 14, finding 9: w2 answers a rollout w1 holds (no lease expired); w1's own answer
+    # then is late and must not add the same slot to the posterior a second time
+    await api.add(prompt_spec("m", "mixed"))
+    r0 = by_slot((await api.lease("w1", 4))["rollouts"])[0]
+    await api.report("w2", [result_for(r0, reward=0.0)])
+    out = await api.report("w1", [result_for(r0, reward=0.0)])
+    assert (out["accepted"], out["late"]) == (0, 1)
+    posterior = (await api.prompt("m"))["posterior"]
+    assert (posterior["alpha"], posterior["beta"]) == (1.0, 2.0)
+
+
+async def test_a_late_result_repeated_counts_once_in_the_posterior(api, redis_url):
+    await api.add(prompt_spec("m", "mixed"))
+    rs = by_slot((await api.lease("w1", 4))["rollouts"])
+    raw = aioredis.Redis.from_url(redis_url)
+    keys = api.app.state.scheduler.store.keys
+    await raw.hset(keys.slots, rs[3]["rollout_id"], "c")
+    await raw.zrem(keys.inflight, rs[3]["rollout_id"])
+    await raw.aclose()
+    for _ in range(3):
+        await api.report("w1", [result_for(rs[3], reward=1.0)])
+    assert (await api.prompt("m"))["posterior"]["alpha"] == 2.0
 
 
 async def test_result_for_a_cancelled_slot_is_late_and_only_updates_the_posterior(api, redis_url):

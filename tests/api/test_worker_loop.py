@@ -437,3 +437,38 @@ def test_cli_worker_rejects_bad_options_with_exit_2(args, message):
     result = CliRunner().invoke(cli.app, ["worker", "--max-rollouts", "0", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+class LosesAnswers(httpx.AsyncBaseTransport):
+    """The scheduler's transport; the first `lose` POST /results calls are applied and then
+    time out, as when the answer is lost on the way back (not retried by the SDK itself)."""
+
+    def __init__(self, app, lose: int) -> None:
+        self.inner = httpx.ASGITransport(app=app)
+        self.lose = lose
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if self.lose and request.url.path == "/results":
+            self.lose -= 1
+            await response.aread()
+            raise httpx.ReadTimeout("answer lost", request=request)
+        return response
+
+
+async def test_a_report_whose_answer_was_lost_is_resent_as_it_was(make_app):
+    # issue 14, finding 8: the worker's own retry sends the same batch with the same report id,
+    # so the scheduler answers it again (accepted, cancels) instead of counting duplicates
+    app = make_app(policy="sara", group_size=4, batch_size=2, prefetch_batches=1)
+    admin = sdk(app)
+    await admin.add_prompts(sim_prompts(40))
+    lossy = LosesAnswers(app, lose=3)
+    loop = WorkerLoop(sdk(app, transport=lossy), SimBackend(seed=5), config("w-lossy"))
+    consumer = Consumer(admin, loop)
+    driver = asyncio.ensure_future(consumer.take(2))
+    counters = await asyncio.wait_for(loop.run_until(lambda: driver.done()), 30)
+    await driver
+    assert lossy.lose == 0 and counters.transient_errors >= 3
+    assert counters.duplicates == 0
+    assert counters.reported == counters.accepted + counters.late
+    assert (await server_counters(admin)).rollouts_completed == counters.accepted

@@ -174,10 +174,12 @@ def test_policy_counters(run, policy, replicas):
     c = run(policy, replicas).final.stats.counters
     if policy == "sara":
         assert c.groups_abandoned > 0 and c.decisions_abandon == c.groups_abandoned
-        assert c.groups_dropped_saturated == 0
+        # only audited groups (would-be abandons run on to k) can end pure and be dropped
+        assert c.groups_audited > 0 and c.groups_dropped_saturated == c.audits_pure
         assert c.rollouts_not_spent_on_abandoned_groups > 0
     else:
         assert c.groups_abandoned == 0 and c.rollouts_not_spent_on_abandoned_groups == 0
+        assert c.groups_audited == 0  # nothing is ever abandoned, so nothing is audited
         assert c.groups_dropped_saturated > 0
         assert c.rollouts_cancelled == 0
 

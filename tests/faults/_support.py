@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +136,9 @@ class FailoverClient:
         return await self._call("lease", *args, **kwargs)
 
     async def report(self, *args: Any, **kwargs: Any) -> Any:
+        # one report id for every replica tried: a report applied by one whose answer was lost
+        # is answered again by the next, cancels included
+        kwargs.setdefault("report_id", "r" + uuid.uuid4().hex)
         return await self._call("report", *args, **kwargs)
 
     async def heartbeat(self, *args: Any, **kwargs: Any) -> Any:

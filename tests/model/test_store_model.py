@@ -106,6 +106,7 @@ class Group:
     f: int = 0
     slots: dict[int, Slot] = field(default_factory=dict)
     rewards: dict[int, float] = field(default_factory=dict)
+    learned: set[int] = field(default_factory=set)  # slots that taught the posterior (once each)
     minv: int | None = None
     batch: str | None = None
 
@@ -399,8 +400,10 @@ class StoreMachine(RuleBasedStateMachine):
                 event("result: duplicate")
                 dups += 1
                 continue
-            self.posterior_rollouts += 1
-            self.posterior_successes += success
+            if i not in g.learned:  # one slot, one sample: a second answer teaches nothing
+                g.learned.add(i)
+                self.posterior_rollouts += 1
+                self.posterior_successes += success
             if slot.state in ("c", "dh"):
                 event(f"result: late ({slot.state})")
                 late += 1
@@ -600,7 +603,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert total_done == get("rollouts_completed")
         assert [_s(e).split("|")[0] for e in ready] == self.ready
 
-        # posteriors: every result that was not a duplicate, cancelled or not, was counted
+        # posteriors: the first non-duplicate result of every slot, cancelled or not, was counted
         posts = [json.loads(_s(v)) for v in posteriors.values()]
         assert sum(p.get("rollouts", 0) for p in posts) == self.posterior_rollouts
         assert sum(p.get("successes", 0) for p in posts) == self.posterior_successes

@@ -107,3 +107,46 @@ def test_fake_clock(fake_clock):
     assert fake_clock() == t0 + 2.5
     with pytest.raises(ValueError):
         fake_clock.advance(-1)
+
+
+def _poll(predicate, deadline_s: float, what: str):
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)  # polling a condition with a deadline
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_supervised_server_killed_is_restarted_on_its_port_with_its_data(tmp_path):
+    server = EmbeddedRedis(tmp_path / "data").start().supervise(retry_s=0.01)
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.set("kept", "yes")
+        client.close()
+        first = server.process.pid
+        server.process.kill()
+        _poll(lambda: server.restarts == 1 and server.running, 30, "the restart")
+        assert server.process.pid != first
+        client = redis.Redis.from_url(server.url)
+        assert client.get("kept") == b"yes"
+        client.close()
+    finally:
+        server.stop()
+    assert not server.running and server.restarts == 1  # stop() is not a crash
+
+
+def test_supervisor_says_when_it_cannot_restart_and_recovers(tmp_path):
+    server = EmbeddedRedis(tmp_path / "data").start().supervise(retry_s=0.01, max_retry_s=0.05,
+                                                                failures_before_giving_up=2)
+    real = server.executable or find_redis_server()
+    try:
+        server.executable = "/bin/false"  # every start fails from now on
+        server.process.kill()
+        _poll(lambda: server.restart_failed, 30, "restart_failed")
+        server.executable = real
+        _poll(lambda: server.running and not server.restart_failed, 30, "recovery")
+    finally:
+        server.stop()

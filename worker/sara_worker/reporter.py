@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Awaitable, Callable
 
 from sara_client import (
@@ -23,7 +24,9 @@ class Reporter:
     """Sends the outbox: ``report_batch`` results at a time, when that many wait, when the oldest
     has waited ``flush_interval_s``, or at once when ``idle()`` (nothing else is generating).
 
-    A failed call keeps the results and backs off (bounded); a batch the scheduler refuses (422,
+    A failed call keeps the results and backs off (bounded), then sends the same batch again
+    with the same report id (its answer, cancels included, may have been lost after the scheduler
+    applied it: the scheduler then answers it again); a batch the scheduler refuses (422,
     413) is sent one result at a time and what is still refused is dropped. Each answer's cancel
     list goes to ``on_cancel``; ``on_reported(rollout_id)`` follows every result sent.
     """
@@ -34,6 +37,9 @@ class Reporter:
         self.client, self.config, self.counters, self.pulse = client, config, counters, pulse
         self._on_cancel, self._on_reported = on_cancel, on_reported
         self.outbox: dict[str, tuple[float, RolloutResult]] = {}
+        # the batch whose report failed, and its report id: sent again as it was, so that if the
+        # failed call was applied after all the scheduler answers it again, cancels included
+        self._unanswered: tuple[list[str], str] | None = None
 
     def add(self, result: RolloutResult) -> None:
         self.outbox[result.rollout_id] = (self.pulse.clock(), result)
@@ -58,19 +64,32 @@ class Reporter:
                 flush_at = None if oldest is None else oldest + self.config.flush_interval_s
                 await self.pulse.wait(None if flush_at is None else flush_at - self.pulse.clock())
                 continue
-            batch = [r for _, r in list(self.outbox.values())[:self.config.report_batch]]
-            if await self._send(batch, backoff):
+            if await self._send(*self._next_batch(), backoff):
                 backoff.reset()
 
-    async def _send(self, batch: list[RolloutResult], backoff: Backoff) -> bool:
+    def _next_batch(self) -> tuple[list[RolloutResult], str]:
+        """The results to send and their report id: a failed report again, unchanged, while all
+        of it is still waiting; else the oldest ``report_batch`` under a new id."""
+        if self._unanswered is not None:
+            ids, report_id = self._unanswered
+            if all(i in self.outbox for i in ids):
+                return [self.outbox[i][1] for i in ids], report_id
+            self._unanswered = None
+        batch = [r for _, r in list(self.outbox.values())[:self.config.report_batch]]
+        return batch, "r" + uuid.uuid4().hex
+
+    async def _send(self, batch: list[RolloutResult], report_id: str | None,
+                    backoff: Backoff) -> bool:
         try:
-            answer = await self.client.report(self.config.worker_id, batch)
+            answer = await self.client.report(self.config.worker_id, batch, report_id=report_id)
         except (AuthenticationError, PermissionDeniedError) as exc:
             raise WorkerError(f"results rejected by the scheduler: {exc}") from exc
         except (BadRequestError, PayloadTooLargeError) as exc:
             await self._refused(batch, exc, backoff)
             return True
         except SaraError as exc:
+            if report_id is not None:
+                self._unanswered = ([r.rollout_id for r in batch], report_id)
             self.counters.transient_errors += 1
             delay = backoff.next()
             log.warning("report failed (%s); %d results kept, retrying in %.2fs", exc,
@@ -78,6 +97,7 @@ class Reporter:
             self.pulse.notify()
             await self.pulse.sleep(delay)
             return False
+        self._unanswered = None
         self._done(batch, answer.accepted, answer.duplicates, answer.late)
         self.counters.dropped += len(answer.unknown_rollout_ids)
         await self._on_cancel(answer.cancel)
@@ -89,8 +109,9 @@ class Reporter:
             self.counters.dropped += 1
             self._done(batch)
             return
+        self._unanswered = None
         for result in batch:
-            await self._send([result], backoff)
+            await self._send([result], None, backoff)
 
     def _done(self, batch: list[RolloutResult], accepted: int = 0, duplicates: int = 0,
               late: int = 0) -> None:

@@ -4,16 +4,22 @@
 -- KEYS[7] = posteriors hash KEYS[8] = cancels hash      KEYS[9] = abandon histogram hash
 -- KEYS[10] = workers zset   KEYS[11] = worker_info hash KEYS[12] = policy hash
 -- KEYS[13] = gc zset        KEYS[14] = group_states hash      KEYS[15] = prompts hash
--- KEYS[16..] = hashes of the groups the results belong to
+-- KEYS[16] = this report's stored answer (a string; used when ARGV[9] > 0)
+-- KEYS[17..] = hashes of the groups the results belong to
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
 -- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
 -- ARGV[7] = posterior half-life in epochs of the pool (0: none)
--- ARGV[8] = number of results, then 6 per result:
+-- ARGV[8] = number of results   ARGV[9] = seconds to keep this report's answer (0: no report id)
+-- ARGV[10] = 1 when the worker id is authenticated (per-worker credentials): a result for a
+--            rollout that another worker holds is then ignored (counted as a duplicate)
+-- then 6 per result:
 --           rollout id, index of its group key in KEYS, success (1/0/-1/-2), tokens,
 --           policy version, JSON
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
---          released}; success -1 marks an aborted (unfinished) rollout: no outcome; -2 a worker
+--          released}, or {'replay', JSON of that answer} when this report id was applied before:
+--          a retry of a call whose answer was lost gets its decisions and cancels, and changes
+--          nothing; success -1 marks an aborted (unfinished) rollout: no outcome; -2 a worker
 --          error (engine or server failure): no outcome either, until the same slot has failed
 --          MAX_ERRORS_PER_SLOT times, after which it counts as a failure so a prompt that always
 --          breaks the engine cannot circulate for ever
@@ -22,12 +28,17 @@
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local half_life = tonumber(ARGV[7])
-local count = tonumber(ARGV[8])
+local count, report_ttl, holder_only = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10] == '1'
+local REPORT = KEYS[16]
+if report_ttl > 0 then
+  local stored = redis.call('GET', REPORT)
+  if stored then return {'replay', stored} end
+end
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local PROMPTS = KEYS[15]
 
-local function arg(i, j) return ARGV[8 + (i - 1) * 6 + j] end
+local function arg(i, j) return ARGV[10 + (i - 1) * 6 + j] end
 local MAX_ERRORS_PER_SLOT = 3
 
 local unknown = {}
@@ -66,6 +77,15 @@ local function update_posterior(pid, success)
   p.rollouts = (p.rollouts or 0) + 1
   p.successes = (p.successes or 0) + success
   redis.call('HSET', POST, pid, cjson.encode(p))
+end
+
+-- Each slot teaches its prompt's posterior once, with the first outcome reported for it: a second
+-- answer for the same slot (a re-issued copy, a result sent by a non-holder and then the holder's
+-- own, a late result repeated) is one sample counted twice otherwise.
+local function learn_once(gkey, slot, success)
+  if redis.call('HSETNX', gkey, 'learned:' .. slot, 1) == 1 then
+    update_posterior(redis.call('HGET', gkey, 'prompt_id'), success)
+  end
 end
 
 -- Count a group's verdict in its prompt's history, and remember the outcome class the selection
@@ -287,17 +307,18 @@ for i = 1, count do
     end
   end
   local aborted = success < 0
-  -- 'd' = answered; 'd|<worker>' = answered while <worker> held a re-issued copy, now cancelled:
-  -- that worker's own answer is a fresh sample (late, posterior only); any other is a duplicate
+  -- 'd' = answered; 'd|<worker>' = answered while <worker> held a copy, now cancelled: that
+  -- worker's own answer is late (its slot already taught the posterior); any other a duplicate
   local copy_holder = string.match(st, '^d|(.*)$')
-  if st == 'd' or (copy_holder and copy_holder ~= wid) then
+  local others = holder_only and string.sub(st, 1, 2) == 'l|' and not held_here
+  if st == 'd' or (copy_holder and copy_holder ~= wid) or others then
     dups = dups + 1
   elseif aborted and held_here then
     release(rid)
     released = released + 1
   else
     local decision = nil
-    if not aborted then update_posterior(redis.call('HGET', gkey, 'prompt_id'), success) end
+    if not aborted then learn_once(gkey, slot, success) end
     if st == 'c' or copy_holder or aborted then
       late = late + 1
       if copy_holder then redis.call('HSET', S, rid, 'd') end
@@ -329,4 +350,8 @@ local flat = {}
 for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
 local cancel = redis.call('HGET', CANCELS, wid) or ''
 redis.call('HDEL', CANCELS, wid)
+if report_ttl > 0 then
+  redis.call('SET', REPORT, cjson.encode({accepted, dups, late, flat, cancel, released}),
+    'EX', report_ttl)
+end
 return {'ok', accepted, dups, late, flat, cancel, released}

@@ -1,6 +1,6 @@
 """GET /groups/{id}, /stats, /metrics, /healthz, /readyz."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sara_client.models import GroupOut, HealthResponse, Identifier, StatsResponse
@@ -36,20 +36,28 @@ async def metrics(scheduler: SchedulerDep) -> str:
     return PlainTextResponse(prometheus_text(view), media_type="text/plain; version=0.0.4")
 
 
-@router.get("/healthz", response_model=HealthResponse)
-async def healthz() -> HealthResponse:
-    """Liveness: the process answers."""
-    return HealthResponse(status="ok")
+@router.get("/healthz", response_model=HealthResponse,
+            responses={503: {"model": HealthResponse,
+                             "description": "Restart this process: Redis gone too long"}})
+async def healthz(request: Request):
+    """Liveness: 200 while the process is worth keeping; 503 once Redis has been unreachable
+    longer than SARA_REDIS_DOWN_LIMIT_S, or its embedded Redis could not be restarted."""
+    problem = request.app.state.redis_health.liveness_problem()
+    if problem is None:
+        return HealthResponse(status="ok")
+    body = HealthResponse(status="unavailable", redis=False, detail=problem)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
 
 
 @router.get("/readyz", response_model=HealthResponse,
             responses={503: {"model": HealthResponse, "description": "Redis unreachable"}})
-async def readyz(scheduler: SchedulerDep):
+async def readyz(scheduler: SchedulerDep, request: Request):
     """Readiness: Redis answers."""
     try:
         ok = await scheduler.store.ping()
     except StoreUnavailable:
         ok = False
+    request.app.state.redis_health.observe(ok)
     body = HealthResponse(status="ok" if ok else "unavailable", redis=ok,
                           namespace=scheduler.settings.namespace)
-    return body if ok else JSONResponse(body.model_dump(), status_code=503)
+    return body if ok else JSONResponse(body.model_dump(exclude_none=True), status_code=503)

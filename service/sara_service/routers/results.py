@@ -1,11 +1,11 @@
 """POST /results."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from sara_client.models import ResultsRequest, ResultsResponse
 
 from . import json_response
-from ..deps import AUTH_RESPONSES, SchedulerDep, WorkerRole
+from ..deps import AUTH_RESPONSES, SchedulerDep, WorkerRole, check_worker
 
 router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole],
                    responses=AUTH_RESPONSES)
@@ -13,6 +13,8 @@ router = APIRouter(prefix="/results", tags=["workers"], dependencies=[WorkerRole
 
 @router.post("", response_model=ResultsResponse,
              responses={404: {"description": "Unknown rollout ids; nothing was applied"}})
-async def report(body: ResultsRequest, scheduler: SchedulerDep):
+async def report(body: ResultsRequest, scheduler: SchedulerDep, request: Request):
     """Report rewards; answers the decisions taken and the worker's cancel list."""
-    return json_response(await scheduler.report(body))
+    check_worker(request, body.worker_id)
+    bound = getattr(request.state, "bound_worker", None) is not None
+    return json_response(await scheduler.report(body, holder_only=bound))
