@@ -7,7 +7,7 @@ the server cannot drift apart. Request models forbid unknown fields: a typo in a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
