@@ -2,7 +2,8 @@
 
 Hypothesis drives random sequences of calls against the app in-process (httpx over ASGI, on the
 test session's real Redis), with hostile values wherever a client could put them: `meta` nested
-up to 300 levels or holding huge numbers, NaN and infinities sent as raw JSON tokens, integers
+up to 300 levels or holding huge numbers or lone surrogates, NaN and infinities sent as raw JSON
+tokens, integers
 past 2**53 (up to 10**400), ids made of dots or holding ':' (a lease id with ':rollouts' after
 it), unknown finish reasons, results for rollouts another worker holds, the clock moved past
 lease and ack timeouts. Whatever a call answers, it must not be a 5xx; and after every step the
@@ -42,10 +43,10 @@ ODD_IDS = st.one_of(
     st.sampled_from([".", "..", "...", ":", "a:b", "x:0", "p:rollouts", "-", "_", "a" * 128,
                      "a" * 129, "", "ü", "a/b", "a b", "%2e%2e"]),
     st.from_regex(r"[A-Za-z0-9_.:\-]{1,12}", fullmatch=True))
-SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=8))
+ODD_TEXT = st.one_of(st.text(max_size=8), st.sampled_from(["\ud800", "a\udc00", "\x00", "%00"]))
+SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, ODD_TEXT)
 JSON = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
-    max_leaves=8)
+    st.lists(inner, max_size=3), st.dictionaries(ODD_TEXT, inner, max_size=3)), max_leaves=8)
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:
@@ -111,7 +112,8 @@ class ApiMachine(RuleBasedStateMachine):
     # --- writes with hostile values ----------------------------------------------------------
 
     @rule(pid=ODD_IDS, meta=st.one_of(JSON, st.integers(0, 300).map(nested)),
-          prompt=st.text(min_size=1, max_size=20), answer=st.one_of(st.none(), SCALARS))
+          prompt=st.one_of(st.text(min_size=1, max_size=20), ODD_TEXT),
+          answer=st.one_of(st.none(), SCALARS))
     def add_prompt(self, pid, meta, prompt, answer):
         body = {"prompts": [{"id": pid, "prompt": prompt, "answer": answer,
                              "meta": meta if isinstance(meta, dict) else {"m": meta}}]}
@@ -120,7 +122,7 @@ class ApiMachine(RuleBasedStateMachine):
             self.prompts.update(r.json()["ids"])
 
     @rule(worker=st.one_of(st.just("w1"), st.just("w2"), ODD_IDS), n=st.integers(1, 8),
-          backend=st.one_of(st.none(), st.text(max_size=8)))
+          backend=st.one_of(st.none(), ODD_TEXT))
     def lease(self, worker, n, backend):
         r = self.call("POST", "/leases", {"worker_id": worker, "max_rollouts": n,
                                           "backend": backend})
@@ -136,12 +138,14 @@ class ApiMachine(RuleBasedStateMachine):
           logprobs=st.one_of(st.none(), st.lists(NUMBERS, max_size=3)),
           token_ids=st.one_of(st.none(), st.lists(st.one_of(st.integers(-2, 5), HUGE_INTS),
                                                   max_size=3)),
-          finish=st.sampled_from(["stop", "length", "abort", "error", "", "weird"]),
+          finish=st.one_of(st.sampled_from(["stop", "length", "abort", "error"]), ODD_TEXT),
+          completion=ODD_TEXT,
           as_other=st.booleans())
-    def report(self, data, reward, version, logprobs, token_ids, finish, as_other):
+    def report(self, data, reward, version, logprobs, token_ids, finish, completion, as_other):
         rid = data.draw(st.sampled_from(sorted(self.rollouts)), label="rollout")
         result: dict[str, Any] = {"rollout_id": rid, "reward": reward, "finish_reason": finish,
-                                  "logprobs": logprobs, "token_ids": token_ids}
+                                  "completion": completion, "logprobs": logprobs,
+                                  "token_ids": token_ids}
         if version is not None:
             result["policy_version"] = version
         worker = "intruder" if as_other else self.rollouts[rid]
@@ -160,7 +164,7 @@ class ApiMachine(RuleBasedStateMachine):
         self.call("POST", f"/leases/{lid}{suffix}/heartbeat", {"worker_id": wid})
 
     @rule(version=st.one_of(st.integers(-1, 5), HUGE_INTS, st.floats(allow_nan=True)),
-          checkpoint=st.one_of(st.none(), st.text(max_size=10)))
+          checkpoint=st.one_of(st.none(), ODD_TEXT))
     def publish(self, version, checkpoint):
         self.call("POST", "/policy", {"version": version, "checkpoint": checkpoint})
 
