@@ -51,13 +51,24 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def _bounded_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def meta_problem(meta: Any) -> str | None:
+    """Why `meta` could not be stored and read back (None when it can)."""
     if json_depth(meta) > MAX_META_DEPTH:
-        raise ValueError(f"nested more than {MAX_META_DEPTH} levels deep; flatten it")
+        return f"nested more than {MAX_META_DEPTH} levels deep; flatten it"
     try:
-        size = len(json.dumps(meta, allow_nan=False).encode())
+        json.dumps(meta, allow_nan=False, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (such as \\ud800), which is not valid UTF-8"
     except ValueError:
-        raise ValueError("holds NaN or an infinity, which JSON cannot carry") from None
+        return "holds NaN or an infinity, which JSON cannot carry"
+    return None
+
+
+def _bounded_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    problem = meta_problem(meta)
+    if problem:
+        raise ValueError(problem)
+    size = len(json.dumps(meta, ensure_ascii=False).encode())
     if size > MAX_META_BYTES:
         raise ValueError(f"{size} bytes once encoded, over {MAX_META_BYTES} bytes")
     return meta

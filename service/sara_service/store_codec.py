@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-from sara_client.limits import FLOOR_LOGPROB, MAX_META_DEPTH, MAX_STORED_INT, json_depth
+from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT, meta_problem
 
 
 def _s(value: Any) -> str:
@@ -34,12 +34,14 @@ def stored_int(value: Any, default: int = 0) -> int:
 
 
 def decode_prompt(raw: Any) -> dict[str, Any]:
-    """Stored prompt content; a `meta` an older release let in too deep to serialise is
-    replaced by a note, so the prompt can still be read and leased."""
+    """Stored prompt content; a `meta` an older release let in that cannot be serialised (too
+    deep, a lone surrogate, NaN) is replaced by a note, so the prompt can still be read and
+    leased."""
     content = json.loads(raw)
-    if json_depth(content.get("meta")) > MAX_META_DEPTH:
-        content["meta"] = {"sara_note": f"meta nested deeper than {MAX_META_DEPTH} levels was "
-                                        "dropped; register the prompt again under a new id"}
+    problem = meta_problem(content.get("meta"))
+    if problem:
+        content["meta"] = {"sara_note": f"meta dropped: it {problem}; register the prompt "
+                                        "again under a new id"}
     return content
 
 
