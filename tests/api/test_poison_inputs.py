@@ -268,3 +268,18 @@ async def test_a_publish_repairs_a_version_no_release_accepts_any_more(api, stor
     assert r.status_code == 200, r.text
     await work(api)
     await assert_readers_answer(api, "p1")
+
+
+async def test_a_batch_stored_with_a_float_formatted_version_is_redelivered(api):
+    """A batch formed under version 1.7e18 (Lua wrote '1.7e+18') was a 500 on every delivery."""
+    await api.add(prompt_spec("p1", "mixed"))
+    await work(api)
+    first = await api.next_batch(size=1)
+    assert first.status_code == 200, first.text
+    store = api.app.state.scheduler.store
+    await store.redis.hset(store.keys.batch(first.json()["batch_id"]), "policy_version",
+                           "1.7e+18")
+    api.clock.advance(api.settings.batch_ack_timeout_s + 1)
+    again = await api.next_batch(size=1)
+    assert again.status_code == 200, again.text
+    assert again.json()["redelivered"] and again.json()["policy_version"] == MAX_STORED_INT
