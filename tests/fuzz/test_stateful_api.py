@@ -24,6 +24,7 @@ from typing import Any
 from unittest import mock
 
 import httpx
+import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
@@ -205,6 +206,7 @@ class ApiMachine(RuleBasedStateMachine):
             self.call("GET", f"/groups/{gid}")
 
 
+@pytest.mark.timeout(900)  # passing takes ~20 s; shrinking a failure takes minutes: let it report
 def test_no_sequence_of_requests_leads_to_a_5xx(redis_url):
     machine = type("BoundApiMachine", (ApiMachine,), {"redis_url": redis_url})
     hunt = int(os.environ.get("SARA_FUZZ_EXAMPLES", "0"))
