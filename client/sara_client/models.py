@@ -7,22 +7,17 @@ the server cannot drift apart. Request models forbid unknown fields: a typo in a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Size limits on every body. The service turns a violation into a 422 naming the field; the raw
-# request size is capped separately (413).
-MAX_PROMPT_CHARS = 64_000
-MAX_COMPLETION_CHARS = 256_000
-MAX_TOKENS_PER_ROLLOUT = 65_536
-MAX_PROMPTS_PER_CALL = 10_000
-MAX_ROLLOUTS_PER_LEASE = 4_096
-MAX_RESULTS_PER_CALL = 4_096
-MAX_WAIT_S = 60.0
-ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+from .limits import (  # noqa: F401 - re-exported: the limits are part of the wire contract
+    FLOOR_LOGPROB, ID_PATTERN, MAX_COMPLETION_CHARS, MAX_META_BYTES, MAX_META_DEPTH,
+    MAX_PROMPT_CHARS, MAX_PROMPTS_PER_CALL, MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE,
+    MAX_STORED_INT, MAX_TOKENS_PER_ROLLOUT, MAX_WAIT_S, Identifier, Logprobs, Meta, StoredInt,
+    TokenId,
+)
 
-Identifier = Annotated[str, Field(pattern=ID_PATTERN, description="Letters, digits and _.:- only.")]
 Decision = Literal["commit", "abandon", "continue"]
 GroupState = Literal["open", "committed", "ready", "delivered", "acked", "abandoned", "dropped"]
 
@@ -47,8 +42,9 @@ class PromptIn(_Request):
     answer: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     task: str = Field(default="exact", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
                       description="Verifier name the worker scores this prompt with.")
-    meta: dict[str, Any] = Field(default_factory=dict,
-                                 description="Free-form metadata; the sim backend reads p_success.")
+    meta: Meta = Field(default_factory=dict,
+                       description=f"Free-form metadata (at most {MAX_META_DEPTH} levels deep, "
+                                   f"{MAX_META_BYTES} bytes); the sim backend reads p_success.")
 
 
 class AddPromptsRequest(_Request):
@@ -58,6 +54,9 @@ class AddPromptsRequest(_Request):
 class AddPromptsResponse(_Answer):
     ids: list[str]
     created: int = Field(description="How many of the ids were new; re-adding an id is a no-op.")
+    content_differs: list[str] = Field(
+        default_factory=list, description="Ids already registered with other content: the "
+                                          "stored content was kept (register it under a new id).")
 
 
 class Posterior(_Answer):
@@ -96,7 +95,8 @@ class PolicyInfo(_Answer):
 
 
 class PublishPolicyRequest(_Request):
-    version: int = Field(ge=1, description="Must be greater than the current version.")
+    version: int = Field(ge=1, le=MAX_STORED_INT,
+                         description="Must be greater than the current version (and below 2**53).")
     checkpoint: str | None = Field(default=None, max_length=4096)
 
 
@@ -157,9 +157,12 @@ class RolloutResult(_Request):
     completion_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_PER_ROLLOUT)
     finish_reason: str = Field(default="stop", max_length=32,
                                description="stop, length or abort (cancelled mid-generation).")
-    policy_version: int = Field(default=0, ge=0)
-    token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT)
-    logprobs: list[float] | None = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT)
+    policy_version: StoredInt | None = Field(
+        default=None, description="Version that generated it; unset: the version its lease was "
+                                  "granted under.")
+    token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT)
+    logprobs: Logprobs = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT,
+                               description="Finite only: send -1e4 for -inf.")
 
 
 class ResultsRequest(_Request):

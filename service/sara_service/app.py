@@ -62,10 +62,36 @@ def _install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _envelope(exc.status_code, code, str(exc.detail), None, exc.headers)
 
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return _envelope(500, "internal", f"internal error: {type(exc).__name__}")
+
+
+class InternalErrors:
+    """Answer an unexpected exception with the 500 envelope, and stop there.
+
+    Starlette's own server-error handler answers and then re-raises, and uvicorn closes the
+    keep-alive connection of a request whose app raised: every client of a 500 would reconnect.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - logged, answered with the envelope
+            log.exception("unhandled error")
+            if started:  # half an answer is out: only closing the connection can end it
+                raise
+            response = _envelope(500, "internal", f"internal error: {type(exc).__name__}")
+            await response(scope, receive, send)
 
 
 class BodyLimit:
@@ -223,5 +249,6 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     for module in (prompts, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
     _install_error_handlers(app)
+    app.add_middleware(InternalErrors)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app

@@ -4,6 +4,9 @@ All keys of a namespace share the hash tag `{ns}`, so every script touches a sin
 and one Redis Cluster can hold many runs. Lua scripts never build key names: they receive them in
 KEYS. Data that a script must reach by an id it only discovers while running (a rollout slot, a
 prompt's posterior) lives in namespace-wide hashes keyed by that id, not in per-id keys.
+
+Keys built from a client's id are `<kind>:<id>` with a kind no other key starts with, and never
+carry a suffix after the id: ids may contain ':', so no id can name another id's key.
 """
 
 from __future__ import annotations
@@ -111,7 +114,9 @@ class Keys:
         return self._k(f"lease:{lease_id}")
 
     def lease_rollouts(self, lease_id: str) -> str:
-        return self._k(f"lease:{lease_id}:rollouts")
+        """Set of a lease's rollout ids. Its own prefix: ids may hold ':', so a suffix on the
+        lease's key (`lease:<id>:rollouts`) was the key of the lease `<id>:rollouts`."""
+        return self._k(f"lease-rollouts:{lease_id}")
 
     def report(self, worker_id: str, report_id: str) -> str:
         """String: the stored answer of one worker's result report, kept for a retry. Ids may

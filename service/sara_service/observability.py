@@ -13,7 +13,7 @@ from . import ds_estimate as ds
 from .errors import NotFound
 from .keys import rollout_id
 from .settings import Settings
-from .store import Store, _s, _unavailable_on_redis_error
+from .store import Store, _s, _unavailable_on_redis_error, stored_int
 
 _SLOT_STATES = {"p": "pending", "d": "done", "c": "cancelled"}
 
@@ -76,7 +76,7 @@ def _counters(raw: dict) -> Counters:
         if old in fields and new not in fields:
             fields[new] = fields.pop(old)
     known = Counters.model_fields
-    return Counters(**{f: (float(v) if known[f].annotation is float else int(v))
+    return Counters(**{f: (float(v) if known[f].annotation is float else stored_int(v))
                        for f, v in fields.items() if f in known})
 
 
@@ -134,17 +134,17 @@ def _workers(scores: list, info_raw: dict, now: float, stale_s: float) -> list[W
     out = []
     for wid_raw, last_seen in scores:
         wid = _s(wid_raw)
-        completed = int(info.get(f"{wid}|completed", 0))
-        tokens = int(info.get(f"{wid}|tokens", 0))
+        completed = stored_int(info.get(f"{wid}|completed"))
+        tokens = stored_int(info.get(f"{wid}|tokens"))
         first = float(info.get(f"{wid}|first_seen", last_seen))
         # a rate over a few milliseconds of activity says nothing: wait for a second of it
         span = last_seen - first if last_seen - first >= 1.0 else 0.0
         version = info.get(f"{wid}|policy_version")
         out.append(WorkerStats(
             worker_id=wid, backend=info.get(f"{wid}|backend"), last_seen=last_seen,
-            policy_version=int(version) if version not in (None, "-1") else None,
+            policy_version=stored_int(version) if version not in (None, "-1") else None,
             stale=now - last_seen > stale_s, rollouts_completed=completed,
-            tokens_generated=tokens, leases=int(info.get(f"{wid}|leases", 0)),
+            tokens_generated=tokens, leases=stored_int(info.get(f"{wid}|leases")),
             rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span)))
     return out
 

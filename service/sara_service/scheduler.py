@@ -17,7 +17,7 @@ import uuid
 from typing import Callable
 
 from sara_client.models import (
-    AckResponse, AddPromptsRequest, Batch, BatchGroup, BatchRollout, BatchStats, GroupDecision,
+    AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchGroup, BatchRollout, BatchStats, GroupDecision,
     HeartbeatResponse, LeaseRequest, LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
     ResultsResponse, Rollout, SamplingParams,
 )
@@ -29,7 +29,7 @@ from .selection import (
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
 from .settings import Settings
-from .store import Store
+from .store import Store, stored_int
 
 Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
@@ -92,13 +92,15 @@ class Scheduler:
 
     # --- prompts ---------------------------------------------------------------------------------
 
-    async def add_prompts(self, req: AddPromptsRequest) -> tuple[list[str], int]:
-        """Register prompts; returns (ids in request order, how many were new)."""
+    async def add_prompts(self, req: AddPromptsRequest) -> AddPromptsResponse:
+        """Register prompts: ids in request order, how many were new, and which ids were
+        already registered with other content (kept as it was)."""
         pairs = [(p.id or prompt_id_for(p), p) for p in req.prompts]
         version = (await self.store.get_policy()).version
-        created = await self.store.add_prompts(pairs, self.settings.prior_alpha,
-                                               self.settings.prior_beta, version)
-        return [pid for pid, _ in pairs], created
+        created, differs = await self.store.add_prompts(pairs, self.settings.prior_alpha,
+                                                        self.settings.prior_beta, version)
+        return AddPromptsResponse(ids=[pid for pid, _ in pairs], created=created,
+                                  content_differs=differs)
 
     # --- opening groups --------------------------------------------------------------------------
 
@@ -287,10 +289,10 @@ class Scheduler:
             groups.append(BatchGroup(
                 group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
                 answer=prompt.get("answer"), task=prompt.get("task", "exact"),
-                rollouts=[BatchRollout.model_validate_json(r) for r in results]))
+                rollouts=[BatchRollout.model_validate(r) for r in results]))
         stats = BatchStats.model_validate_json(meta["stats"])
         stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
-        return Batch(batch_id=batch_id, policy_version=int(meta["policy_version"]),
+        return Batch(batch_id=batch_id, policy_version=stored_int(meta["policy_version"]),
                      created_at=float(meta["created_at"]), redelivered=redelivered,
                      groups=groups, stats=stats)
 

@@ -22,6 +22,7 @@ from sara_client.models import PolicyInfo, PromptIn, RolloutResult
 from .allocation import GroupPlan
 from .errors import Conflict, NotFound, StoreUnavailable, UnknownRollouts
 from .keys import Keys, split_rollout_id
+from .store_codec import _s, decode_prompt, decode_result, stored_int  # noqa: F401 - re-exported
 
 SCRIPTS = ("open_groups", "lease", "expire_leases", "heartbeat", "apply_results", "form_batch",
            "ack_batch", "publish_policy", "add_prompts", "refill_epoch", "prune_workers")
@@ -47,10 +48,6 @@ def _unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[...
             raise
 
     return wrapper
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass
@@ -113,15 +110,21 @@ class Store:
 
     @_unavailable_on_redis_error
     async def add_prompts(self, prompts: list[tuple[str, PromptIn]], alpha0: float,
-                          beta0: float, version: int) -> int:
-        """Register prompts (id, content); returns how many were new."""
+                          beta0: float, version: int) -> tuple[int, list[str]]:
+        """Register prompts (id, content); returns (how many were new, ids already stored with
+        other content, which was kept)."""
         k = self.keys
         initial = json.dumps({"a": alpha0, "b": beta0, "v": version})
         args: list[Any] = [initial]
-        for pid, p in prompts:
-            args += [pid, json.dumps({"prompt": p.prompt, "answer": p.answer, "task": p.task,
-                                      "meta": p.meta})]
-        return int(await self._run("add_prompts", [k.prompts, k.posteriors], args))
+        contents = [(pid, {"prompt": p.prompt, "answer": p.answer, "task": p.task,
+                           "meta": p.meta}) for pid, p in prompts]
+        for pid, content in contents:
+            args += [pid, json.dumps(content)]
+        created, maybe = await self._run("add_prompts", [k.prompts, k.posteriors], args)
+        maybe = list(dict.fromkeys(_s(x) for x in maybe))
+        stored = dict(zip(maybe, await self.redis.hmget(k.prompts, maybe) if maybe else []))
+        return int(created), [pid for pid in maybe if stored[pid] is None or any(
+            json.loads(stored[pid]) != content for other, content in contents if other == pid)]
 
     @_unavailable_on_redis_error
     async def get_prompt(self, pid: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -132,7 +135,7 @@ class Store:
         content, posterior = await pipe.execute()
         if content is None:
             raise NotFound("unknown_prompt", f"no prompt with id {pid!r}")
-        return json.loads(content), json.loads(posterior or "{}")
+        return decode_prompt(content), json.loads(posterior or "{}")
 
     @_unavailable_on_redis_error
     async def posteriors(self, pids: list[str]) -> list[dict[str, Any] | None]:
@@ -236,14 +239,15 @@ class Store:
         """Lease pending rollouts to a worker; returns (rollouts, cancel list)."""
         k = self.keys
         keys = [k.pending, k.slots, k.inflight, k.stats, k.cancels, k.lease(lease_id),
-                k.lease_rollouts(lease_id), k.workers, k.group_prompt, k.prompts, k.worker_info]
+                k.lease_rollouts(lease_id), k.workers, k.group_prompt, k.prompts, k.worker_info,
+                k.policy]
         flat, cancel = await self._run("lease", keys, [now, worker_id, lease_id, max_rollouts,
                                                        expires_at, key_ttl_s, backend or ""])
         rollouts = []
         for i in range(0, len(flat), 3):
             rid, pid = _s(flat[i]), _s(flat[i + 1])
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
-            rollouts.append(LeasedRollout(rid, group_id, pid, json.loads(flat[i + 2])))
+            rollouts.append(LeasedRollout(rid, group_id, pid, decode_prompt(flat[i + 2])))
         return rollouts, _s(cancel).split()
 
     @_unavailable_on_redis_error
@@ -280,6 +284,7 @@ class Store:
         authenticated worker id) ignores results for rollouts another worker holds.
         """
         k = self.keys
+        results = await self._with_lease_versions(worker_id, results)
         ttl = report_ttl_s if report_id else 0
         # Lua cannot read "inf" portably: 0 stands for no half-life
         lua_half_life = repr(half_life) if math.isfinite(half_life) else 0
@@ -301,6 +306,26 @@ class Store:
         decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
                               _s(out[5]).split(), int(out[6]), replayed)
+
+    async def _with_lease_versions(self, worker_id: str, results: list[RolloutResult]
+                                   ) -> list[RolloutResult]:
+        """`results`, each without a policy_version given the version its lease was granted
+        under (the current one when the worker no longer holds that rollout)."""
+        missing = [r.rollout_id for r in results if r.policy_version is None]
+        if not missing:
+            return results
+        states = await self.slot_states(missing)
+        leases = {rid: st.split("|")[1] for rid, st in zip(missing, states)
+                  if st and st.startswith("l|") and st.split("|", 2)[2] == worker_id}
+        pipe = self.redis.pipeline(transaction=False)
+        for lid in leases.values():
+            pipe.hget(self.keys.lease(lid), "policy_version")
+        pipe.hget(self.keys.policy, "version")
+        *granted, current = await pipe.execute()
+        versions = dict(zip(leases, granted))
+        return [r if r.policy_version is not None else r.model_copy(update={
+                    "policy_version": stored_int(versions.get(r.rollout_id) or current)})
+                for r in results]
 
     # --- batches and policy ---------------------------------------------------------------------
 
@@ -342,14 +367,15 @@ class Store:
 
     @_unavailable_on_redis_error
     async def read_group_results(self, group_ids: list[str], k: int
-                                 ) -> list[tuple[str, list[str]]]:
-        """(prompt id, result JSONs in slot order) per group: only what a batch carries."""
+                                 ) -> list[tuple[str, list[dict[str, Any]]]]:
+        """(prompt id, results in slot order) per group: only what a batch carries."""
         fields = ["prompt_id", *(f"r:{i}" for i in range(k))]
         pipe = self.redis.pipeline(transaction=False)
         for gid in group_ids:
             pipe.hmget(self.keys.group(gid), fields)
         rows = await pipe.execute()
-        return [(_s(row[0] or b""), [_s(r) for r in row[1:] if r is not None]) for row in rows]
+        return [(_s(row[0] or b""), [decode_result(r) for r in row[1:] if r is not None])
+                for row in rows]
 
     @_unavailable_on_redis_error
     async def read_prompts(self, pids: list[str]) -> list[dict[str, Any] | None]:
@@ -357,7 +383,7 @@ class Store:
         if not pids:
             return []
         raw = await self.redis.hmget(self.keys.prompts, pids)
-        return [json.loads(r) if r else None for r in raw]
+        return [decode_prompt(r) if r else None for r in raw]
 
     @_unavailable_on_redis_error
     async def ack(self, now: float, batch_id: str, retention_s: float) -> bool:
@@ -375,7 +401,7 @@ class Store:
         """The current policy version and checkpoint (version 0 before any publish)."""
         raw = await self.redis.hmget(self.keys.policy, ["version", "checkpoint"])
         checkpoint = _s(raw[1]) if raw[1] else None
-        return PolicyInfo(version=int(raw[0] or 0), checkpoint=checkpoint or None)
+        return PolicyInfo(version=stored_int(raw[0]), checkpoint=checkpoint or None)
 
     @_unavailable_on_redis_error
     async def publish_policy(self, now: float, version: int, checkpoint: str | None) -> PolicyInfo:
@@ -384,7 +410,8 @@ class Store:
                               [version, checkpoint or "", now])
         if _s(out[0]) == "stale":
             raise Conflict("stale_policy_version",
-                           f"version {version} is not newer than the current {int(out[1])}")
+                           f"version {version} is not newer than the current "
+                           f"{stored_int(out[1])}")
         return PolicyInfo(version=version, checkpoint=checkpoint)
 
     @_unavailable_on_redis_error

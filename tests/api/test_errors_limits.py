@@ -144,3 +144,22 @@ async def test_sdk_report_drops_unknown_ids_and_resends_the_rest(api):
         only_bad = await sara.report("w1", [{"rollout_id": "g-nope:2", "reward": 1}])
         assert only_bad.accepted == 0 and only_bad.unknown_rollout_ids == ["g-nope:2"]
     assert (await api.counters())["rollouts_completed"] == 2
+
+
+async def test_an_unexpected_error_is_a_500_envelope_and_is_not_re_raised(make_app, monkeypatch):
+    """Issue 14 #11: Starlette's server-error handler answers and then re-raises, which makes
+    uvicorn close the keep-alive connection; the app now answers and stops there."""
+    import httpx
+
+    app = make_app()
+
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(app.state.scheduler.store, "get_policy", broken)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),  # re-raises app errors
+                                 base_url="http://test") as http:
+        r = await http.get("/policy")
+        err = assert_envelope(r, 500, "internal")
+        assert "RuntimeError" in err["message"] and "boom" not in err["message"]
+        assert (await http.get("/healthz")).status_code == 200

@@ -14,23 +14,23 @@ pytestmark = pytest.mark.anyio
 async def test_add_returns_ids_in_order_and_created_count(api):
     out = await api.add(prompt_spec("p1", "mixed"), prompt_spec("p2", "fail"),
                         prompt_spec("p3", "success"))
-    assert out == {"ids": ["p1", "p2", "p3"], "created": 3}
+    assert out == {"ids": ["p1", "p2", "p3"], "created": 3, "content_differs": []}
 
 
 async def test_readding_an_id_is_a_noop_and_keeps_the_first_content(api):
     await api.add(prompt_spec("p1", "mixed"))
     again = await api.add({"id": "p1", "prompt": "different text", "answer": "7"})
-    assert again == {"ids": ["p1"], "created": 0}
+    assert again == {"ids": ["p1"], "created": 0, "content_differs": ["p1"]}
     got = await api.prompt("p1")
     assert got["prompt"] == "question p1" and got["answer"] == "42"
 
     mixed = await api.add(prompt_spec("p1", "mixed"), prompt_spec("p4", "fail"))
-    assert mixed == {"ids": ["p1", "p4"], "created": 1}
+    assert mixed == {"ids": ["p1", "p4"], "created": 1, "content_differs": []}
 
 
 async def test_same_id_twice_in_one_call_is_created_once(api):
     out = await api.add(prompt_spec("dup", "fail"), prompt_spec("dup", "fail"))
-    assert out == {"ids": ["dup", "dup"], "created": 1}
+    assert out == {"ids": ["dup", "dup"], "created": 1, "content_differs": []}
 
 
 async def test_id_is_derived_from_content_when_absent(api):

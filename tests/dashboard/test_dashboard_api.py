@@ -133,3 +133,19 @@ def test_token_in_access_log_lines_is_redacted():
     assert "s3cr3t" not in record.getMessage() and "token=***" in record.getMessage()
     access = logging.getLogger("uvicorn.access")
     assert any(isinstance(f, RedactTokenFilter) for f in access.filters)
+
+
+@pytest.mark.parametrize("query", ["tok%65n=s3cr3t", "%74oken=s3cr3t", "TOKEN=s3cr3t",
+                                   "a=1&tok%65n=s3cr3t&b=2", "%74%6F%6B%65%6E=s3cr3t",
+                                   "token=s3%63r3t", "x=1;token=s3cr3t", "tok%2565n=s3cr3t"])
+def test_token_is_redacted_however_the_query_encodes_it(query):
+    """Issue 14 #5: the server decodes parameter names, so the filter must too."""
+    line = f"GET /dashboard?{query} HTTP/1.1"
+    out = redact(line)
+    assert "s3cr3t" not in out and "s3%63r3t" not in out, out
+    assert out.startswith("GET /dashboard?") and out.endswith(" HTTP/1.1"), out
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                               '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", f"/dashboard?{query}", "1.1", 200), None)
+    assert RedactTokenFilter().filter(record)
+    assert "s3cr3t" not in record.getMessage()

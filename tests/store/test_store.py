@@ -37,8 +37,8 @@ async def counters(store):
 
 async def test_add_prompts_is_idempotent_on_id(store):
     prompts = [("a", PromptIn(prompt="1+1", answer="2")), ("b", PromptIn(prompt="2+2"))]
-    assert await store.add_prompts(prompts, 1.0, 1.0, 0) == 2
-    assert await store.add_prompts([("a", PromptIn(prompt="changed"))], 1.0, 1.0, 0) == 0
+    assert await store.add_prompts(prompts, 1.0, 1.0, 0) == (2, [])
+    assert await store.add_prompts([("a", PromptIn(prompt="changed"))], 1.0, 1.0, 0) == (0, ["a"])
     content, post = await store.get_prompt("a")
     assert content["prompt"] == "1+1" and post == {"a": 1.0, "b": 1.0, "v": 0}
     with pytest.raises(NotFound):

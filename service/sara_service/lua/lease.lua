@@ -2,7 +2,7 @@
 -- KEYS[1] = pending list        KEYS[2] = slots hash        KEYS[3] = inflight zset
 -- KEYS[4] = stats hash          KEYS[5] = cancels hash      KEYS[6] = lease hash
 -- KEYS[7] = lease rollouts set  KEYS[8] = workers zset      KEYS[9] = group_prompt hash
--- KEYS[10] = prompts hash       KEYS[11] = worker_info hash
+-- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = max rollouts
 -- ARGV[5] = lease expiry time   ARGV[6] = key ttl in seconds   ARGV[7] = backend name ('' = unknown)
 -- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated)}
@@ -33,6 +33,8 @@ if got > 0 then
   if redis.call('EXISTS', KEYS[6]) == 0 then
     redis.call('HINCRBY', KEYS[4], 'leases_granted', 1)
     redis.call('HINCRBY', KEYS[11], wid .. '|leases', 1)
+    -- a result that does not say which version made it takes the one its lease was granted under
+    redis.call('HSET', KEYS[6], 'policy_version', redis.call('HGET', KEYS[12], 'version') or '0')
   end
   redis.call('HSET', KEYS[6], 'worker', wid, 'expires_at', ARGV[5])
   redis.call('EXPIRE', KEYS[6], ARGV[6])

@@ -9,7 +9,8 @@ served without a token, so ``<script src>`` and ``<link href>`` work without one
 
 The token never reaches a log: uvicorn's access log line is the request path *with* its query,
 so a filter on the ``uvicorn.access`` logger (installed when this module is imported) replaces
-the value of any ``token=`` parameter with ``***``. The page answers with
+with ``***`` the value of every parameter whose name, percent-decoded, says token (``token=``,
+``tok%65n=``, ``TOKEN=``: the server decodes names, so the filter must too). The page answers with
 ``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store`` so the URL holding the token is
 neither forwarded nor cached, and with a Content-Security-Policy that allows only this origin.
 """
@@ -20,6 +21,7 @@ import logging
 import re
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote_plus
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse, Response
@@ -45,21 +47,45 @@ PAGE_HEADERS = {
                                 "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"),
 }
 
-_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&#\s]*", re.IGNORECASE)
+_QUERY = re.compile(r"\?([^\s#\"']*)")
+_PARAM_SEPARATORS = re.compile(r"([&;])")
+
+
+def _names_a_token(name: str) -> bool:
+    """True when a query parameter name, once percent- and plus-decoded (up to three times:
+    the server decodes once, a proxy may decode again), says token in any case."""
+    for _ in range(3):
+        if "token" in name.lower():
+            return True
+        decoded = unquote_plus(name)
+        if decoded == name:
+            return False
+        name = decoded
+    return "token" in name.lower()
+
+
+def _redact_query(match: re.Match) -> str:
+    parts = _PARAM_SEPARATORS.split(match.group(1))
+    for i in range(0, len(parts), 2):  # odd positions hold the separators themselves
+        name, eq, _ = parts[i].partition("=")
+        if eq and _names_a_token(name):
+            parts[i] = f"{name}=***"
+    return "?" + "".join(parts)
 
 
 def redact(text: str) -> str:
-    """``text`` with the value of every ``token=`` query parameter replaced by ``***``."""
-    return _TOKEN_IN_QUERY.sub(r"\1***", text)
+    """``text`` with the value of every query parameter whose decoded name says token (``token=``,
+    ``tok%65n=``, ``TOKEN=`` ...) replaced by ``***``."""
+    return _QUERY.sub(_redact_query, text) if "?" in text else text
 
 
 class RedactTokenFilter(logging.Filter):
-    """Blanks ``?token=`` values in log records (uvicorn's access log passes the path as an arg)."""
+    """Blanks token values in log records (uvicorn's access log passes the path as an arg)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and record.args:
             record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
-        elif isinstance(record.msg, str) and "token=" in record.msg.lower():
+        elif isinstance(record.msg, str):
             record.msg = redact(record.msg)
         return True
 

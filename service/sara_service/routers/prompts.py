@@ -13,9 +13,9 @@ router = APIRouter(prefix="/prompts", tags=["prompts"],
 
 @router.post("", response_model=AddPromptsResponse, dependencies=[AdminRole])
 async def add_prompts(body: AddPromptsRequest, scheduler: SchedulerDep) -> AddPromptsResponse:
-    """Register prompts; idempotent on id."""
-    ids, created = await scheduler.add_prompts(body)
-    return AddPromptsResponse(ids=ids, created=created)
+    """Register prompts; idempotent on id (an id registered with other content keeps its
+    content, and the answer lists it in content_differs)."""
+    return await scheduler.add_prompts(body)
 
 
 @router.get("/{prompt_id}", response_model=PromptOut, dependencies=[ReaderRole],

@@ -1,0 +1,35 @@
+"""store_codec: what older releases stored reads back instead of failing (issue 14)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT
+from sara_service.store_codec import decode_prompt, decode_result, stored_int
+
+
+@pytest.mark.parametrize("raw, value", [
+    (b"5", 5), ("5", 5), (None, 0), (b"", 0), (b"1e+17", MAX_STORED_INT),
+    (b"9007199254740991", MAX_STORED_INT), (b"1.5e+3", 1500), (b"inf", MAX_STORED_INT),
+    (b"-inf", -MAX_STORED_INT), (b"nan", 0), (b"-1", -1),
+])
+def test_stored_int_reads_what_lua_wrote(raw, value):
+    assert stored_int(raw) == value
+
+
+def test_decode_result_reads_null_logprobs_as_the_floor():
+    raw = json.dumps({"rollout_id": "g:0", "logprobs": [-0.5, None], "reward": 1.0})
+    assert decode_result(raw)["logprobs"] == [-0.5, FLOOR_LOGPROB]
+    assert decode_result(json.dumps({"rollout_id": "g:0"})) == {"rollout_id": "g:0"}
+
+
+def test_decode_prompt_keeps_good_meta_and_replaces_bad():
+    good = {"prompt": "q", "meta": {"a": [1, {"b": 2}]}}
+    assert decode_prompt(json.dumps(good)) == good
+    deep: dict = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    out = decode_prompt(json.dumps({"prompt": "q", "meta": deep}))
+    assert out["prompt"] == "q" and set(out["meta"]) == {"sara_note"}
