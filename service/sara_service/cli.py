@@ -435,8 +435,18 @@ def train(
     kl_coef: Annotated[float, typer.Option(min=0.0, help="k3 KL to the starting policy.")] = 0.0,
     seed: Annotated[int, typer.Option(help="torch seed.")] = 0,
     checkpoint_every: Annotated[int, typer.Option(
-        min=1, help="Steps between checkpoints (each one is a new policy version).")] = 1,
-    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:1 ...")] = "cpu",
+        min=1, help="Steps between full resume checkpoints (weights + optimiser).")] = 10,
+    publish_every: Annotated[int, typer.Option(
+        min=1, help="Steps between new policy versions for the workers (weights only, bf16 "
+                    "on CUDA, between full checkpoints).")] = 1,
+    device: Annotated[str, typer.Option(
+        help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:1 ...")] = "auto",
+    dtype: Annotated[str, typer.Option(
+        help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16.")] = "auto",
+    micro_batch_tokens: Annotated[int, typer.Option(
+        min=0, help="Padded tokens per forward/backward pass (0: rollouts only).")] = 0,
+    gradient_checkpointing: Annotated[bool, typer.Option(
+        help="Recompute activations in backward (less memory, ~30% more compute).")] = False,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     settings: Annotated[Optional[list[str]], typer.Option(
@@ -454,7 +464,9 @@ def train(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     fields = dict(model=model, checkpoint_dir=str(checkpoint_dir), max_steps=steps,
                   advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
-                  checkpoint_every=checkpoint_every, device=device, threads=threads,
+                  checkpoint_every=checkpoint_every, publish_every=publish_every, device=device,
+                  dtype=dtype, micro_batch_tokens=micro_batch_tokens,
+                  gradient_checkpointing=gradient_checkpointing, threads=threads,
                   service_url=url)
     fields.update(_option_values(settings or [], "--set"))
     try:

@@ -86,7 +86,8 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
                     policy_version: int | None = None, config: Any = None,
                     optimizer=None, extra: Mapping[str, Any] | None = None,
                     keep: int | None = None,
-                    extra_writers: Sequence[Callable[[Path], Any]] = ()) -> Path:
+                    extra_writers: Sequence[Callable[[Path], Any]] = (),
+                    weights_dtype=None) -> Path:
     """Write ``root/step-XXXXXX/`` atomically, point ``root/latest`` at it, return its path.
 
     `config` (a TrainerConfig, dataclass or dict) goes into ``trainer_state.json`` with `step`,
@@ -94,6 +95,7 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
     `keep` > 0 deletes all but the newest `keep` checkpoints afterwards. Each of `extra_writers`
     is called with the temporary directory before it is marked complete and renamed into place,
     so what it writes (the PPO critic, say) is in the checkpoint or the checkpoint is not there.
+    `weights_dtype` (a torch dtype) casts the saved weights, e.g. bf16 for the workers.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -106,7 +108,8 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
              "extra": dict(extra or {})}
     try:
         tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True,
+                              state_dict=_cast_state(model, weights_dtype))
         tokenizer.save_pretrained(tmp)
         if optimizer is not None:
             import torch
@@ -133,6 +136,24 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
     if keep:
         prune_checkpoints(root, keep)
     return final
+
+
+def _cast_state(model, dtype) -> dict | None:
+    """The model's state dict with floating tensors cast to `dtype` (None: as they are). Tensors
+    that share storage (tied embeddings) stay shared, so the tie is still recognised on save."""
+    if dtype is None:
+        return None
+    cast: dict[int, Any] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if not tensor.is_floating_point():
+            out[name] = tensor
+            continue
+        key = tensor.data_ptr()
+        if key not in cast:
+            cast[key] = tensor.detach().to(dtype)
+        out[name] = cast[key]
+    return out
 
 
 def set_latest(root: str | Path, checkpoint: str | Path) -> None:

@@ -18,7 +18,9 @@ LR_SCHEDULES = ("constant", "cosine")
 class TrainerConfig:
     # policy
     model: str = "./sara-data/tiny-policy"      # HF directory (or checkpoint root) to start from
-    device: str = "cpu"
+    device: str = "cpu"                         # cpu, cuda, cuda:N, or auto (cuda if present)
+    dtype: str = "auto"                         # auto: bfloat16 on CUDA, float32 elsewhere
+    gradient_checkpointing: bool = False        # recompute activations in backward
     threads: int = 2                            # torch intra-op threads on CPU
     seed: int = 0
     task: str = "arith"
@@ -29,7 +31,9 @@ class TrainerConfig:
     grad_clip: float = 1.0
     k: int = 8                                  # rollouts per group
     batch_groups: int = 32                      # groups per trainer batch
-    micro_batch_rollouts: int = 256             # rollouts per forward/backward pass
+    micro_batch_rollouts: int = 256             # rollouts per forward/backward pass (at most)
+    micro_batch_tokens: int = 0                 # padded tokens per pass (at most); 0: no budget
+    logprob_chunk_rows: int = 1024              # completion positions per output-head chunk
     updates_per_batch: int = 1                  # optimiser steps per batch (> 1: off-policy PPO)
     advantage_estimator: str = "grpo"
     advantage_eps: float = 1e-6
@@ -52,7 +56,8 @@ class TrainerConfig:
     # steps and checkpoints
     max_steps: int = 200
     checkpoint_dir: str = "./sara-data/checkpoints"
-    checkpoint_every: int = 10
+    checkpoint_every: int = 10                  # full resume checkpoints (with the optimiser)
+    publish_every: int = 0                      # weights-only policy versions; 0: = checkpoint_every
     keep_checkpoints: int = 3
     eval_every: int = 10
     eval_size: int = 1000
@@ -76,13 +81,17 @@ class TrainerConfig:
             problems.append(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}")
         if self.sft_schedule not in LR_SCHEDULES:
             problems.append(f"sft_schedule must be one of {LR_SCHEDULES}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            problems.append("dtype must be auto, float32, bfloat16 or float16")
         for name in ("lr", "critic_lr", "sft_lr", "k", "batch_groups", "micro_batch_rollouts",
-                     "updates_per_batch", "max_new_tokens", "sft_batch_size", "threads"):
+                     "updates_per_batch", "max_new_tokens", "sft_batch_size", "threads",
+                     "logprob_chunk_rows"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
         for name in ("clip_eps_low", "clip_eps_high", "kl_coef", "temperature", "weight_decay",
                      "advantage_eps", "grad_clip", "sft_warmup_steps", "max_steps",
-                     "value_clip_eps", "critic_warmup_steps", "lr_warmup_steps"):
+                     "value_clip_eps", "critic_warmup_steps", "lr_warmup_steps",
+                     "micro_batch_tokens", "publish_every"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.clip_eps_low >= 1:

@@ -8,8 +8,11 @@ One step:
    critic is trained after the policy on the same batch and checkpointed with it);
 3. **update**: clipped policy-gradient loss, token-level aggregation, optional k3 KL to a frozen
    reference (the starting policy), micro-batched, one or more optimiser steps;
-4. **checkpoint** (every ``checkpoint_every`` steps): safetensors weights, tokenizer, trainer
-   config, step and policy version, written atomically under ``checkpoint_dir``;
+4. **checkpoint**: every ``checkpoint_every`` steps (and at the last) a full resume checkpoint
+   (safetensors weights, optimiser, tokenizer, trainer config, step and policy version, written
+   atomically under ``checkpoint_dir``); between them, every ``publish_every`` steps, weights only
+   (bf16 on CUDA) under ``checkpoint_dir/published`` for the workers (an fp32 AdamW checkpoint of a
+   0.5B model is ~6 GB: too much to fsync every step);
 5. **ack** the batch (after the update, and after the checkpoint that holds it);
 6. **publish** the checkpoint as the next policy version (``publish_policy(v, checkpoint=dir)``),
    which the workers load before their next generations.
@@ -43,14 +46,18 @@ import torch
 from .advantages import compute_advantages
 from .checkpoint import OPTIMIZER_FILE, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainerConfig
+from .fit import prepare_model, resolve_device, resolve_dtype, token_chunks
+from .logprobs import chunked_completion_logprobs
 from .loss import policy_loss
-from .policy import completion_logprobs, context_size, disable_dropout, load_policy, make_batch
+from .policy import context_size, disable_dropout, load_policy, make_batch
 from .ppo import PPOCritic
 
 log = logging.getLogger("sara.trainer")
 
 MAX_WAIT_S = 60.0           # the scheduler's long-poll cap
 REMEMBERED_BATCHES = 32     # trained batch ids kept in the checkpoint (redelivery after a crash)
+PUBLISHED = "published"     # weights-only versions, under checkpoint_dir
+PUBLISHED_KEEP = 3          # a worker may still be reading the one before the newest
 
 
 @dataclass
@@ -90,7 +97,10 @@ class Trainer:
 
     def __init__(self, client: Any, config: TrainerConfig, *,
                  on_step: Callable[[StepReport], None] | None = None) -> None:
+        # "auto" is settled once, here: the critic and every tensor below read config.device
+        config = config.replace(device=resolve_device(config.device))
         self.client, self.config, self.on_step = client, config, on_step
+        self.dtype = resolve_dtype(config.dtype, config.device)
         torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.reports: list[StepReport] = []
@@ -106,7 +116,8 @@ class Trainer:
         resumed = latest_checkpoint(cfg.checkpoint_dir)
         self.optimizer: torch.optim.Optimizer
         if resumed is not None:
-            self.model, self.tokenizer, state = load_checkpoint(resumed, device=cfg.device)
+            self.model, self.tokenizer, state = load_checkpoint(resumed, device=cfg.device,
+                                                                dtype=self.dtype)
             self.step, self.version = int(state["step"]), int(state["policy_version"])
             extra = state.get("extra") or {}
             self.reference_path = str(extra.get("reference") or cfg.model)
@@ -114,10 +125,14 @@ class Trainer:
             self.checkpoint: str | None = str(Path(resumed).resolve())
             log.info("resuming from %s: step %d, policy v%d", resumed, self.step, self.version)
         else:
-            self.model, self.tokenizer = load_policy(cfg.model, device=cfg.device)
+            self.model, self.tokenizer = load_policy(cfg.model, device=cfg.device,
+                                                     dtype=self.dtype)
             self.step, self.version, self.checkpoint = 0, 0, None
             self.reference_path = str(cfg.model)
         disable_dropout(self.model)
+        estimate = prepare_model(self.model, cfg)
+        log.info("trainer on %s in %s; %s", cfg.device, str(self.dtype).removeprefix("torch."),
+                 estimate.line())
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
@@ -127,7 +142,8 @@ class Trainer:
         self.critic = PPOCritic.create(cfg, resumed) if cfg.advantage_estimator == "gae" else None
         self.reference = None
         if cfg.kl_coef > 0:
-            self.reference, _ = load_policy(self.reference_path, device=cfg.device)
+            self.reference, _ = load_policy(self.reference_path, device=cfg.device,
+                                            dtype=self.dtype)
             self.reference.eval().requires_grad_(False)
         self._sync_policy()
 
@@ -195,10 +211,7 @@ class Trainer:
         metrics["staleness_mean"] = sum(lags) / len(lags) if lags else 0.0
         self.step += 1
         self._trained_ids = (self._trained_ids + [batch.batch_id])[-REMEMBERED_BATCHES:]
-        checkpoint = None
-        every = max(1, self.config.checkpoint_every)
-        if self.step % every == 0 or last:
-            checkpoint = self.save(self.version + 1)
+        checkpoint = self._save_or_publish(last)
         self._ack(batch.batch_id)
         if checkpoint is not None:
             self._publish(checkpoint)
@@ -233,6 +246,30 @@ class Trainer:
                                       "trained_batches": self._trained_ids},
                                keep=cfg.keep_checkpoints or None,
                                extra_writers=[self.critic.write] if self.critic else [])
+        self.checkpoint = str(Path(path).resolve())
+        self.version = version
+        return self.checkpoint
+
+    def _save_or_publish(self, last: bool) -> str | None:
+        """A full checkpoint every ``checkpoint_every`` steps (and at the last), else weights only
+        every ``publish_every`` steps; the path to publish as the next version, or None."""
+        cfg = self.config
+        full = max(1, cfg.checkpoint_every)
+        publish = cfg.publish_every or full
+        if self.step % full == 0 or last:
+            return self.save(self.version + 1)
+        if self.step % publish == 0:
+            return self.save_weights(self.version + 1)
+        return None
+
+    def save_weights(self, version: int) -> str:
+        """Weights only (bf16 on CUDA: what the workers load) under ``checkpoint_dir/published``,
+        for a policy version between full checkpoints; resume never reads these."""
+        cfg = self.config
+        cuda = torch.device(cfg.device).type == "cuda"
+        path = save_checkpoint(Path(cfg.checkpoint_dir) / PUBLISHED, self.model, self.tokenizer,
+                               step=self.step, policy_version=version, config=cfg,
+                               keep=PUBLISHED_KEEP, weights_dtype=torch.bfloat16 if cuda else None)
         self.checkpoint = str(Path(path).resolve())
         self.version = version
         return self.checkpoint
@@ -296,8 +333,9 @@ class Trainer:
             return {"loss": 0.0, "tokens": 0.0, "skipped": 1.0}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
-        size = max(1, cfg.micro_batch_rollouts)
-        chunks = [range(s, min(s + size, n)) for s in range(0, n, size)]
+        chunks = token_chunks([len(p) for p in rows.prompt_ids],
+                              [len(c) for c in rows.completion_ids],
+                              max(1, cfg.micro_batch_rollouts), cfg.micro_batch_tokens)
         batches = [make_batch([rows.prompt_ids[i] for i in c], [rows.completion_ids[i] for i in c],
                               pad, cfg.device) for c in chunks]
         use_behaviour = cfg.temperature == 1.0 and any(b is not None for b in rows.behaviour)
@@ -347,8 +385,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             for batch, old, ref, adv in zip(batches, olds, refs, advs):
-                logp, entropy = completion_logprobs(self.model, batch, cfg.temperature,
-                                                    with_entropy=True)
+                logp, entropy = self._logprobs(self.model, batch, with_entropy=True)
                 loss, m = policy_loss(
                     logp, adv, batch.completion_mask, old_logp=old, ref_logp=ref,
                     clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
@@ -398,7 +435,7 @@ class Trainer:
             return None
         current = None
         if not use_behaviour or any(b is None for b in behaviour):
-            current, _ = completion_logprobs(self.model, batch, self.config.temperature)
+            current, _ = self._logprobs(self.model, batch)
         if not use_behaviour:
             return current
         old = torch.zeros_like(batch.completion_mask)
@@ -413,8 +450,12 @@ class Trainer:
     def _ref_logprobs(self, batch) -> torch.Tensor | None:
         if self.reference is None:
             return None
-        logp, _ = completion_logprobs(self.reference, batch, self.config.temperature)
+        logp, _ = self._logprobs(self.reference, batch)
         return logp
+
+    def _logprobs(self, model, batch, with_entropy: bool = False):
+        return chunked_completion_logprobs(model, batch, self.config.temperature, with_entropy,
+                                           chunk_rows=self.config.logprob_chunk_rows)
 
 
 def train(config: TrainerConfig, url: str, token: str | None = None,

@@ -1,0 +1,37 @@
+"""Device/dtype resolution, token-budget micro-batches and the memory estimate."""
+
+import torch
+
+from sara_trainer.fit import estimate_memory, resolve_device, resolve_dtype, token_chunks
+from sara_trainer.policy import make_batch
+
+
+def test_device_and_dtype_defaults():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("auto", "cpu") is torch.float32
+    assert resolve_dtype("auto", "cuda") is torch.bfloat16
+    assert resolve_dtype("auto", "cuda:1") is torch.bfloat16
+    assert resolve_dtype("float32", "cuda") is torch.float32
+
+
+def test_token_chunks_respect_budget_and_cover_every_row():
+    prompts = [3, 5, 2, 4, 4, 1, 6]
+    completions = [2, 7, 0, 3, 9, 1, 2]
+    for budget in (0, 8, 12, 20, 40):
+        chunks = token_chunks(prompts, completions, max_rows=3, max_tokens=budget)
+        assert [i for c in chunks for i in c] == list(range(len(prompts)))
+        for c in chunks:
+            assert len(c) <= 3
+            batch = make_batch([[1] * prompts[i] for i in c], [[1] * completions[i] for i in c], 0)
+            assert budget == 0 or len(c) == 1 or batch.input_ids.numel() <= budget
+
+
+def test_memory_estimate_counts_adamw_and_checkpointing(tiny):
+    model, _ = tiny
+    n = sum(p.numel() for p in model.parameters())
+    full = estimate_memory(model, 4096, gradient_checkpointing=False)
+    ckpt = estimate_memory(model, 4096, gradient_checkpointing=True, with_reference=True)
+    assert full.params == full.grads == 4 * n and full.optimizer == 8 * n
+    assert ckpt.activations < full.activations and ckpt.reference == 4 * n
+    assert "total" in full.line()
