@@ -382,6 +382,10 @@ def worker(
     seed: Annotated[Optional[int], typer.Option(help="Backend seed (sim: outcomes).")] = None,
     per_token_ms: Annotated[float, typer.Option(min=0, help="sim: simulated time per "
                                                             "token, ms.")] = 0.0,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
+        envvar="SARA_VLLM_GPU_MEMORY_UTILIZATION", min=0.01, max=1.0,
+        help="vllm: share of the GPU's memory the engine may take (vLLM's default 0.9 leaves "
+             "no room for a trainer on the same GPU; see docs/gpu.md).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(
         "--option", "-o", help="Backend option KEY=VALUE (repeatable).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
@@ -397,6 +401,8 @@ def worker(
     options = {"model": model, "base_url": backend_url, "seed": seed}
     if backend == "sim":
         options["per_token_s"] = per_token_ms / 1000.0
+    if backend == "vllm" and gpu_memory_utilization is not None:
+        options["gpu_memory_utilization"] = gpu_memory_utilization
     options = {k: v for k, v in options.items() if v is not None}
     options.update(_option_values(option or []))
     config = WorkerConfig(
@@ -442,7 +448,9 @@ def train(
     device: Annotated[str, typer.Option(
         help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:1 ...")] = "auto",
     dtype: Annotated[str, typer.Option(
-        help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16.")] = "auto",
+        help="auto (bf16 compute over fp32 weights on CUDA, fp32 on CPU), float32, "
+             "bfloat16 (bf16 weights too: half the memory, but tiny updates round away).")
+    ] = "auto",
     micro_batch_tokens: Annotated[int, typer.Option(
         min=0, help="Padded tokens per forward/backward pass (0: rollouts only).")] = 0,
     gradient_checkpointing: Annotated[bool, typer.Option(

@@ -2,17 +2,22 @@
 
 import torch
 
-from sara_trainer.fit import estimate_memory, resolve_device, resolve_dtype, token_chunks
+from sara_trainer.fit import (autocast_dtype, estimate_memory, resolve_device, resolve_dtype,
+                              token_chunks)
 from sara_trainer.policy import make_batch
 
 
 def test_device_and_dtype_defaults():
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    # fp32 master weights everywhere under auto; bf16 compute (autocast) on CUDA only
     assert resolve_dtype("auto", "cpu") is torch.float32
-    assert resolve_dtype("auto", "cuda") is torch.bfloat16
-    assert resolve_dtype("auto", "cuda:1") is torch.bfloat16
-    assert resolve_dtype("float32", "cuda") is torch.float32
+    assert resolve_dtype("auto", "cuda") is torch.float32
+    assert autocast_dtype("auto", "cuda") is torch.bfloat16
+    assert autocast_dtype("auto", "cuda:1") is torch.bfloat16
+    assert autocast_dtype("auto", "cpu") is None
+    assert resolve_dtype("bfloat16", "cuda") is torch.bfloat16
+    assert autocast_dtype("bfloat16", "cuda") is None
 
 
 def test_token_chunks_respect_budget_and_cover_every_row():

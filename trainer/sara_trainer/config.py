@@ -19,7 +19,7 @@ class TrainerConfig:
     # policy
     model: str = "./sara-data/tiny-policy"      # HF directory (or checkpoint root) to start from
     device: str = "cpu"                         # cpu, cuda, cuda:N, or auto (cuda if present)
-    dtype: str = "auto"                         # auto: bfloat16 on CUDA, float32 elsewhere
+    dtype: str = "auto"                         # auto: fp32 weights, bf16 autocast on CUDA
     gradient_checkpointing: bool = False        # recompute activations in backward
     threads: int = 2                            # torch intra-op threads on CPU
     seed: int = 0

@@ -21,13 +21,23 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """``auto`` is bfloat16 on CUDA (half the memory of fp32, and the range fp16 lacks) and
-    float32 elsewhere (CPU bf16 matmuls are slow, and the CPU tests compare fp32 numbers)."""
+    """The dtype the weights are kept in: float32 under ``auto`` (on CUDA the compute is bf16
+    through autocast, see :func:`autocast_dtype`: AdamW updates of ~lr = 1e-6 relative size vanish
+    in bf16 weights, whose spacing is 2^-8, so pure-bf16 weights would barely train), else as
+    named (``bfloat16``: half the weight, gradient and optimiser memory, with that caveat)."""
     if dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        return torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype is auto or one of {', '.join(DTYPES)}, not {dtype!r}")
     return DTYPES[dtype]
+
+
+def autocast_dtype(dtype: str, device: str) -> torch.dtype | None:
+    """bf16 autocast for the forward under ``auto`` on CUDA; None (no autocast) otherwise, and
+    on CPU, where bf16 matmuls are slow and the tests compare fp32 numbers."""
+    if dtype == "auto" and torch.device(device).type == "cuda":
+        return torch.bfloat16
+    return None
 
 
 def token_chunks(prompt_lens: Sequence[int], completion_lens: Sequence[int], max_rows: int,

@@ -46,7 +46,7 @@ import torch
 from .advantages import compute_advantages
 from .checkpoint import OPTIMIZER_FILE, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainerConfig
-from .fit import prepare_model, resolve_device, resolve_dtype, token_chunks
+from .fit import autocast_dtype, prepare_model, resolve_device, resolve_dtype, token_chunks
 from .logprobs import chunked_completion_logprobs
 from .loss import policy_loss
 from .policy import context_size, disable_dropout, load_policy, make_batch
@@ -101,6 +101,7 @@ class Trainer:
         config = config.replace(device=resolve_device(config.device))
         self.client, self.config, self.on_step = client, config, on_step
         self.dtype = resolve_dtype(config.dtype, config.device)
+        self.autocast = autocast_dtype(config.dtype, config.device)
         torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self.reports: list[StepReport] = []
@@ -131,8 +132,11 @@ class Trainer:
             self.reference_path = str(cfg.model)
         disable_dropout(self.model)
         estimate = prepare_model(self.model, cfg)
-        log.info("trainer on %s in %s; %s", cfg.device, str(self.dtype).removeprefix("torch."),
-                 estimate.line())
+        compute = str(self.autocast or self.dtype).removeprefix("torch.")
+        line = (f"trainer on {cfg.device}: weights {str(self.dtype).removeprefix('torch.')}, "
+                f"compute {compute}; {estimate.line()}")
+        log.info("%s", line)
+        print(f"sara: {line}", flush=True)   # also where no logging is configured
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
@@ -454,8 +458,12 @@ class Trainer:
         return logp
 
     def _logprobs(self, model, batch, with_entropy: bool = False):
-        return chunked_completion_logprobs(model, batch, self.config.temperature, with_entropy,
-                                           chunk_rows=self.config.logprob_chunk_rows)
+        device = torch.device(self.config.device).type
+        with torch.autocast(device, dtype=self.autocast or torch.float32,
+                            enabled=self.autocast is not None):
+            return chunked_completion_logprobs(model, batch, self.config.temperature,
+                                               with_entropy,
+                                               chunk_rows=self.config.logprob_chunk_rows)
 
 
 def train(config: TrainerConfig, url: str, token: str | None = None,
