@@ -49,6 +49,7 @@ from typing import Any
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
+from .vllm_caps import WeightUpdatePlan, plan_weight_updates, worker_reload_supported
 
 log = logging.getLogger("sara.worker.vllm")
 
@@ -184,6 +185,7 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         self._tokenizer: Any = None
         self.reloads = 0
         self.rebuilds = 0
+        self.plan: WeightUpdatePlan | None = None   # checked when the first engine starts
 
     # --- engine life -----------------------------------------------------------------------------
 
@@ -198,6 +200,9 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         log.info("starting vLLM engine on %s", model)
         # Start-up blocks for a long time: keep the event loop (heartbeats) alive meanwhile.
         engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args(model))
+        if self.plan is None:
+            self.plan = plan_weight_updates(engine, self.weight_update, worker_reload_supported())
+            log.info("%s", self.plan.line())
         self._render = None
         self._tokenizer = None
         return engine
@@ -248,7 +253,7 @@ class VLLMBackend(ObservableProgress, BaseBackend):
             if self.engine is None:  # not started yet: start on the checkpoint itself
                 self.policy_version, self.checkpoint = version, checkpoint
                 self.engine = await self._build(checkpoint)
-            elif self.weight_update == "rebuild":
+            elif self.plan is not None and self.plan.path == "rebuild":
                 await self._rebuild(checkpoint)
             else:
                 try:
