@@ -155,12 +155,13 @@ def test_without_any_env_file_compose_names_what_is_missing(compose, tmp_path):
 
 
 def test_default_runs_the_gpu_worker_and_cpu_profile_swaps_it(gpu, cpu):
-    assert set(gpu["services"]) == {"redis", "scheduler", "worker", "trainer"}
-    assert set(cpu["services"]) == {"redis", "scheduler", "worker-cpu", "trainer"}
-    assert gpu["services"]["worker"]["profiles"] == ["gpu"]
-    assert cpu["services"]["worker-cpu"]["profiles"] == ["cpu"]
+    assert set(gpu["services"]) == {"redis", "scheduler", "loader", "worker", "trainer"}
+    assert set(cpu["services"]) == {"redis", "scheduler", "loader", "worker-cpu", "trainer-cpu"}
+    for name in ("worker", "trainer"):
+        assert gpu["services"][name]["profiles"] == ["gpu"]
+        assert cpu["services"][f"{name}-cpu"]["profiles"] == ["cpu"]
     for model in (gpu, cpu):
-        for name in ("redis", "scheduler", "trainer"):
+        for name in ("redis", "scheduler", "loader"):
             assert not model["services"][name].get("profiles"), name
 
 
@@ -171,9 +172,10 @@ def test_cpu_profile_reserves_no_device(cpu):
         assert "gpus" not in service, name
 
 
-def test_gpu_worker_reserves_one_nvidia_gpu(gpu):
-    devices = gpu["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+def test_gpu_worker_and_trainer_reserve_one_nvidia_gpu(gpu):
+    for name in ("worker", "trainer"):
+        devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}], name
 
 
 def test_every_service_has_a_healthcheck(gpu, cpu):
@@ -211,7 +213,8 @@ def test_scheduler(gpu, tokens):
 
 
 def test_workers_and_trainer_wait_for_a_healthy_scheduler(gpu, cpu):
-    for name, model in (("worker", gpu), ("worker-cpu", cpu), ("trainer", gpu)):
+    for name, model in (("worker", gpu), ("worker-cpu", cpu), ("trainer", gpu),
+                        ("trainer-cpu", cpu), ("loader", gpu)):
         service = model["services"][name]
         assert service["depends_on"]["scheduler"]["condition"] == "service_healthy", name
         assert service["environment"]["SARA_URL"] == "http://scheduler:8000", name
@@ -221,7 +224,9 @@ def test_each_client_gets_only_its_own_token(gpu, cpu, tokens):
     secrets_ = set(tokens.values())
     for name, model, expected in (("worker", gpu, "SARA_WORKER_TOKEN"),
                                   ("worker-cpu", cpu, "SARA_WORKER_TOKEN"),
-                                  ("trainer", gpu, "SARA_TRAINER_TOKEN")):
+                                  ("trainer", gpu, "SARA_TRAINER_TOKEN"),
+                                  ("trainer-cpu", cpu, "SARA_TRAINER_TOKEN"),
+                                  ("loader", gpu, "SARA_ADMIN_TOKEN")):
         env = model["services"][name]["environment"]
         held = {value for value in env.values() if value in secrets_}
         assert held == {tokens[expected]}, name
@@ -234,6 +239,7 @@ def test_workers_run_the_vllm_backend(gpu, cpu):
         assert command[command.index("--backend") + 1] == "vllm"
         assert model["services"][name]["build"]["dockerfile"] == f"docker/Dockerfile.{name}"
     assert gpu["services"]["trainer"]["command"][0] == "train"
+    assert cpu["services"]["trainer-cpu"]["command"][0] == "train"
 
 
 def test_checkpoint_volume_is_shared_by_workers_and_trainer(gpu, cpu):
@@ -244,6 +250,7 @@ def test_checkpoint_volume_is_shared_by_workers_and_trainer(gpu, cpu):
 
     trainer = checkpoint_mount(gpu["services"]["trainer"])
     assert trainer in gpu["volumes"]
+    assert checkpoint_mount(cpu["services"]["trainer-cpu"]) == trainer
     assert checkpoint_mount(gpu["services"]["worker"]) == trainer
     assert checkpoint_mount(cpu["services"]["worker-cpu"]) == trainer
 
