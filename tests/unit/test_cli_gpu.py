@@ -1,0 +1,54 @@
+"""`sara worker --gpu-memory-utilization` reaches the vllm backend's engine options, and `sara
+train`'s GPU flags reach the TrainerConfig (both without starting anything)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from sara_service import cli
+
+runner = CliRunner()
+
+
+def _capture_worker(monkeypatch) -> dict:
+    seen: dict = {}
+
+    async def fake_work(backend, options, config, url, token):
+        seen.update(backend=backend, options=options)
+        raise KeyboardInterrupt   # stop before any network
+
+    monkeypatch.setattr(cli, "_work", fake_work)
+    return seen
+
+
+def test_gpu_memory_utilization_flag_and_env(monkeypatch):
+    seen = _capture_worker(monkeypatch)
+    runner.invoke(cli.app, ["worker", "--backend", "vllm", "--model", "m",
+                            "--gpu-memory-utilization", "0.3"])
+    assert seen["options"]["gpu_memory_utilization"] == 0.3
+    seen.clear()
+    runner.invoke(cli.app, ["worker", "--backend", "vllm", "--model", "m"],
+                  env={"SARA_VLLM_GPU_MEMORY_UTILIZATION": "0.45"})
+    assert seen["options"]["gpu_memory_utilization"] == 0.45
+    seen.clear()
+    runner.invoke(cli.app, ["worker", "--backend", "sim"],
+                  env={"SARA_VLLM_GPU_MEMORY_UTILIZATION": "0.45"})
+    assert "gpu_memory_utilization" not in seen["options"]   # only vllm takes it
+
+
+def test_train_gpu_flags_reach_the_config(monkeypatch):
+    import sara_trainer.loop as loop
+
+    seen = {}
+
+    def fake_train(config, url, token):
+        seen["config"] = config
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    runner.invoke(cli.app, ["train", "--model", "m", "--micro-batch-tokens", "4096",
+                            "--gradient-checkpointing", "--dtype", "bfloat16"])
+    config = seen["config"]
+    assert (config.device, config.dtype) == ("auto", "bfloat16")
+    assert config.micro_batch_tokens == 4096 and config.gradient_checkpointing
+    assert (config.checkpoint_every, config.publish_every) == (10, 1)
