@@ -12,8 +12,9 @@ pytest.importorskip("sara_service")
 import torch  # noqa: E402
 from sara_trainer.checkpoint import (OPTIMIZER_FILE, latest_checkpoint,  # noqa: E402
                                      read_trainer_state, save_checkpoint)
-from sara_trainer.loop import PUBLISHED, Trainer  # noqa: E402
+from sara_trainer.loop import Trainer  # noqa: E402
 from sara_trainer.policy import load_policy  # noqa: E402
+from sara_trainer.publishing import PUBLISHED  # noqa: E402
 
 from tests.trainer.test_loop import ScriptedWorker, _config, _local, _prompts  # noqa: E402
 
