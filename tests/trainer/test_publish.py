@@ -19,7 +19,7 @@ from sara_trainer.publishing import PUBLISHED  # noqa: E402
 from tests.trainer.test_loop import ScriptedWorker, _config, _local, _prompts  # noqa: E402
 
 
-def test_publish_every_step_full_checkpoint_every_second(tiny_dir, tmp_path):
+def test_publish_every_step_full_checkpoint_every_second(tiny_dir, tmp_path, capsys):
     cfg = _config(tiny_dir, tmp_path, device="auto", checkpoint_every=2, publish_every=1,
                   max_steps=3, micro_batch_tokens=40, gradient_checkpointing=True)
     root = tmp_path / "ckpt"
@@ -29,6 +29,8 @@ def test_publish_every_step_full_checkpoint_every_second(tiny_dir, tmp_path):
         worker.fill()
         trainer = Trainer(sara, cfg)
         assert trainer.config.device in ("cpu", "cuda")
+        start = capsys.readouterr().out   # the memory estimate, printed before any step
+        assert "memory estimate (GiB): params" in start and "optimizer" in start
         assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
         reports = trainer.run(timeout_s=5)
         worker.fill()
