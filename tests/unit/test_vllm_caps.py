@@ -35,3 +35,27 @@ def test_explicit_choices_are_kept():
     assert plan_weight_updates(Engine032(), "rebuild", True).path == "rebuild"
     forced = plan_weight_updates(EngineOld(), "reload", False)
     assert forced.path == "reload" and "missing" in forced.reason
+
+
+def test_reload_asleep_follows_vllms_sequence():
+    import asyncio
+
+    from sara_worker.backends.vllm_caps import reload_asleep
+
+    calls = []
+
+    class Sleepy:
+        async def sleep(self, level=1):
+            calls.append(("sleep", level))
+
+        async def wake_up(self, tags=None):
+            calls.append(("wake_up", tags))
+
+    async def load():
+        calls.append(("load",))
+
+    asyncio.run(reload_asleep(Sleepy(), load))
+    assert calls == [("sleep", 2), ("wake_up", ["weights"]), ("load",),
+                     ("wake_up", ["kv_cache"])]
+    assert plan_weight_updates(Engine032(), "auto", True).can_sleep
+    assert not plan_weight_updates(EngineOld(), "auto", True).can_sleep

