@@ -102,3 +102,12 @@ def test_openai_backend_refuses_chat_prompts_with_a_reason():
     backend = OpenAIBackend.__new__(OpenAIBackend)
     with pytest.raises(ValueError, match="plain-text"):
         backend.request_body(_rollout(CHAT))
+
+
+def test_trainer_sampling_encodes_chat_prompts_the_same_way(tiny):
+    from sara_trainer.policy import encode_prompts, prompt_text
+
+    _, tok = tiny
+    assert encode_prompts(tok, [{"prompt": CHAT}, "1+2="]) == \
+        [_trainer_prompt_ids(tiny, CHAT), _trainer_prompt_ids(tiny, "1+2=")]
+    assert prompt_text({"prompt": CHAT}) == "be brief\n1+2=?"
