@@ -159,3 +159,19 @@ def test_sara_load_missing_source_exits_2(tmp_path):
     result = runner.invoke(cli.app, ["load", str(tmp_path / "missing.jsonl"), "--dry-run"],
                            env={"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert result.exit_code == 2, result.output
+
+
+def test_recipe_answers_score_with_their_verifier():
+    """The answer a recipe extracts is one its verifier (math-verify) accepts from a completion
+    written the way the recipe's instruction asks, and refuses a wrong one."""
+    pytest.importorskip("math_verify")
+    from sara_worker.verifiers import get as get_verifier
+
+    gsm8k = load_prompts(str(DATA / "gsm8k_sample.jsonl"), mapping_for("gsm8k")).prompts
+    math = load_prompts(str(DATA / "math_sample.jsonl"), mapping_for("math")).prompts
+    for p in gsm8k:
+        verify = get_verifier(p["task"])
+        assert verify(f"Working.\n#### {p['answer']}", p["answer"], {}) == 1.0
+        assert verify("Working.\n#### 99999", p["answer"], {}) == 0.0
+    for p in math:
+        assert get_verifier(p["task"])(f"so \\boxed{{{p['answer']}}}", p["answer"], {}) == 1.0
