@@ -202,11 +202,13 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def read_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number, row) of a parquet file, read in record batches so a large file is never whole in memory."""
+    """(row number, row) of a parquet file, read in record batches so a large file is never
+    whole in memory."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError("reading parquet needs pyarrow: pip install 'sara-rollout[data]'") from None
+        raise ValueError("reading parquet needs pyarrow: "
+                         "pip install 'sara-rollout[data]'") from None
     n = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
         for row in batch.to_pylist():
@@ -225,8 +227,8 @@ def _datasets() -> Any:
 
 def read_hf(source: str, split: str, config: str | None = None
             ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number, row) of a Hugging Face dataset: a directory saved with save_to_disk, or a hub name (read
-    from the local cache when HF_DATASETS_OFFLINE=1)."""
+    """(row number, row) of a Hugging Face dataset: a directory saved with save_to_disk, or a
+    hub name (read from the local cache when HF_DATASETS_OFFLINE=1)."""
     datasets = _datasets()
     if Path(source).is_dir():
         data = datasets.load_from_disk(source)
@@ -244,7 +246,8 @@ FILE_SUFFIXES = (".jsonl", ".json", ".ndjson", ".parquet")
 
 def read_rows(source: str, split: str = "train", config: str | None = None
               ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(position, row) of `source`: a JSONL or parquet file by suffix, else a Hugging Face dataset."""
+    """(position, row) of `source`: a JSONL or parquet file by suffix, else a Hugging Face
+    dataset."""
     path = Path(source)
     if path.is_file():
         if path.suffix == ".parquet":

@@ -7,15 +7,19 @@ the server cannot drift apart. Request models forbid unknown fields: a typo in a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .limits import (  # noqa: F401 - re-exported: the limits are part of the wire contract
-    FLOOR_LOGPROB, ID_PATTERN, MAX_CHAT_MESSAGES, MAX_COMPLETION_CHARS, MAX_META_BYTES, MAX_META_DEPTH,
+    FLOOR_LOGPROB, ID_PATTERN, MAX_COMPLETION_CHARS, MAX_META_BYTES, MAX_META_DEPTH,
+    MAX_CHAT_MESSAGES,
     MAX_PROMPT_CHARS, MAX_PROMPTS_PER_CALL, MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE,
     MAX_STORED_INT, MAX_TOKENS_PER_ROLLOUT, MAX_WAIT_S, Identifier, Logprobs, Meta, StoredInt,
     TokenId,
+)
+from .prompts import (  # noqa: F401 - re-exported: chat prompts are part of the wire contract
+    ChatMessage, PromptContent, StoredPrompt, prompt_json,
 )
 
 Decision = Literal["commit", "abandon", "continue"]
@@ -32,42 +36,6 @@ class _Answer(BaseModel):
 
 
 # --- prompts -------------------------------------------------------------------------------------
-
-
-class ChatMessage(_Request):
-    """One chat message of a prompt; workers and the trainer render a message list with the
-    policy tokenizer's chat template (sara_client.chat.render_prompt)."""
-
-    role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=MAX_PROMPT_CHARS)
-
-
-def _bounded_chat(messages: list[ChatMessage]) -> list[ChatMessage]:
-    # Each message is bounded on its own; the whole prompt gets the plain-text prompt's bound so a
-    # chat prompt stores no more than a string one may.
-    total = sum(len(m.content) for m in messages)
-    if total > MAX_PROMPT_CHARS:
-        raise ValueError(f"messages hold {total} characters together, over {MAX_PROMPT_CHARS}")
-    if not any(m.content for m in messages):
-        raise ValueError("every message is empty")
-    return messages
-
-
-ChatPrompt = Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_CHAT_MESSAGES),
-                       AfterValidator(_bounded_chat)]
-TextPrompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
-# A prompt as stored and served: plain text (fed to the tokenizer as is) or chat messages.
-PromptContent = Union[TextPrompt, ChatPrompt]
-# Answers carry what was stored without re-checking the door's bounds (a read never fails on them).
-StoredPrompt = Union[str, list[ChatMessage]]
-
-
-def prompt_json(prompt: str | list[ChatMessage] | list[dict]) -> str | list[dict]:
-    """A prompt as plain JSON data (what the store keeps and ids are derived from); a string is
-    returned unchanged, so ids of text prompts are what they always were."""
-    if isinstance(prompt, str):
-        return prompt
-    return [m.model_dump() if isinstance(m, BaseModel) else dict(m) for m in prompt]
 
 
 class PromptIn(_Request):

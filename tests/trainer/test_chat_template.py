@@ -160,7 +160,8 @@ async def _hf_fill(sara, backend) -> None:
                 seen[r.group_id] = seen.get(r.group_id, -1) + 1
                 results.append({"rollout_id": r.rollout_id, "reward": float(seen[r.group_id] % 2),
                                 "policy_version": lease.policy.version,
-                                "completion": g.completion, "completion_tokens": g.completion_tokens,
+                                "completion": g.completion,
+                                "completion_tokens": g.completion_tokens,
                                 "finish_reason": g.finish_reason, "token_ids": g.token_ids,
                                 "logprobs": g.logprobs})
             sara.report("hf", results)

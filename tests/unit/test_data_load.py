@@ -1,6 +1,7 @@
 """Real prompt sets in (issue 15 #1): answer extraction, recipes, field mapping, and the JSONL,
 parquet and Hugging Face readers on the fixture files under tests/fixtures/data (written for these
-tests in the public datasets' formats, not copied from them), through the library and `sara load`."""
+tests in the public datasets' formats, not copied from them), through the library and
+`sara load`."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_extract_after_hashes(text, want):
 
 
 @pytest.mark.parametrize("text, want", [
-    ("so $\\boxed{5}$", "5"), ("\\boxed{\\frac{1}{2}} then \\boxed{\\sqrt{x^{2}}}", "\\sqrt{x^{2}}"),
+    ("so $\\boxed{5}$", "5"),
+    ("\\boxed{\\frac{1}{2}} then \\boxed{\\sqrt{x^{2}}}", "\\sqrt{x^{2}}"),
     ("\\fbox{7}", "7"), ("\\boxed {a}", "a"), ("\\boxed{unclosed", None), ("none", None),
     ("\\boxed{}", None),
 ])
