@@ -15,6 +15,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field
 
 MAX_PROMPT_CHARS = 64_000
+# A chat prompt: at most this many messages, their contents together at most MAX_PROMPT_CHARS.
+MAX_CHAT_MESSAGES = 256
 MAX_COMPLETION_CHARS = 256_000
 MAX_TOKENS_PER_ROLLOUT = 65_536
 MAX_PROMPTS_PER_CALL = 10_000

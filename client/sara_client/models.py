@@ -13,9 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .limits import (  # noqa: F401 - re-exported: the limits are part of the wire contract
     FLOOR_LOGPROB, ID_PATTERN, MAX_COMPLETION_CHARS, MAX_META_BYTES, MAX_META_DEPTH,
+    MAX_CHAT_MESSAGES,
     MAX_PROMPT_CHARS, MAX_PROMPTS_PER_CALL, MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE,
     MAX_STORED_INT, MAX_TOKENS_PER_ROLLOUT, MAX_WAIT_S, Identifier, Logprobs, Meta, StoredInt,
     TokenId,
+)
+from .prompts import (  # noqa: F401 - re-exported: chat prompts are part of the wire contract
+    ChatMessage, PromptContent, StoredPrompt, prompt_json,
 )
 
 Decision = Literal["commit", "abandon", "continue"]
@@ -38,7 +42,9 @@ class PromptIn(_Request):
     """One prompt to register. Without an id, the service derives one from the content."""
 
     id: Identifier | None = None
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: PromptContent = Field(description="Plain text, or a list of chat messages "
+                                              f"(at most {MAX_CHAT_MESSAGES}) that the policy's "
+                                              "chat template renders.")
     answer: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     task: str = Field(default="exact", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
                       description="Verifier name the worker scores this prompt with.")
@@ -78,7 +84,7 @@ class PromptHistory(_Answer):
 
 class PromptOut(_Answer):
     id: str
-    prompt: str
+    prompt: StoredPrompt
     answer: str | None = None
     task: str
     meta: dict[str, Any] = Field(default_factory=dict)
@@ -121,7 +127,7 @@ class Rollout(_Answer):
     rollout_id: str
     group_id: str
     prompt_id: str
-    prompt: str
+    prompt: StoredPrompt
     task: str
     answer: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
@@ -212,7 +218,7 @@ class BatchRollout(_Answer):
 class BatchGroup(_Answer):
     group_id: str
     prompt_id: str
-    prompt: str
+    prompt: StoredPrompt
     answer: str | None = None
     task: str = "exact"
     rollouts: list[BatchRollout]

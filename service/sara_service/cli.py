@@ -148,19 +148,22 @@ def worker_token_cmd(
 # --- load ----------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    from sara_client.models import PromptIn
+def _read_source(source: str, recipe: str | None, fields: dict[str, Any], split: str,
+                 config: str | None, limit: int | None) -> list[dict]:
+    """Prompts from a file or dataset (sara_client.data does the work; this only reports)."""
+    from sara_client.data import load_prompts, mapping_for
 
-    prompts = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                prompts.append(PromptIn.model_validate(json.loads(line)).model_dump(exclude_none=True))
-            except ValueError as e:  # json.JSONDecodeError and pydantic's ValidationError
-                raise _err(f"{path}:{lineno}: not a valid prompt: {e}", 2) from None
-    return prompts
+    try:
+        # no recipe and no field option: rows are prompts already, as sara load always read them
+        plain = recipe is None and all(v is None for v in fields.values())
+        mapping = None if plain else mapping_for(recipe, **fields)
+        loaded = load_prompts(source, mapping, split=split, config=config, limit=limit)
+    except (ValueError, OSError) as e:  # bad row, unknown recipe, missing file or dataset
+        raise _err(str(e), 2) from None
+    if loaded.skipped:
+        typer.echo(f"skipped {loaded.skipped} rows without a prompt or an extractable answer",
+                   err=True)
+    return loaded.prompts
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -173,28 +176,50 @@ def _client(url: str, token: str | None):
     return SaraClient(url, token=token)
 
 
+_Opt = typer.Option  # short alias: load has many options
+
+
 @app.command()
 def load(
-    path: Annotated[Optional[Path], typer.Argument(exists=True, dir_okay=False,
-                                                  help="JSONL file, one prompt per line.")] = None,
+    source: Annotated[Optional[str], typer.Argument(
+        metavar="PATH_OR_NAME", help="JSONL or parquet file, a directory saved with "
+        "datasets.save_to_disk, or a Hugging Face dataset name.")] = None,
+    recipe: Annotated[Optional[str], _Opt(help="Built-in mapping: gsm8k or math.")] = None,
+    prompt_field: Annotated[Optional[str], _Opt(help="Field holding the prompt.")] = None,
+    answer_field: Annotated[Optional[str], _Opt(help="Field holding the answer.")] = None,
+    id_field: Annotated[Optional[str], _Opt(help="Field holding a stable id.")] = None,
+    extract: Annotated[Optional[str], _Opt(help="Answer extraction: none, hashes, boxed.")] = None,
+    task: Annotated[Optional[str], _Opt(help="Verifier name (exact, math, ...).")] = None,
+    chat: Annotated[Optional[bool], _Opt("--chat/--no-chat", help="Wrap the prompt in a user "
+                                        "message (chat template).")] = None,
+    instruction: Annotated[Optional[str], _Opt(help="Text appended to a chat prompt.")] = None,
+    split: Annotated[str, _Opt(help="Dataset split.")] = "train",
+    config: Annotated[Optional[str], _Opt(help="Dataset config (gsm8k: main).")] = None,
+    limit: Annotated[Optional[int], _Opt(min=1, help="Load at most N prompts.")] = None,
     synthetic: Annotated[Optional[int], typer.Option(min=1, help="Generate N sim prompts.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = 0,
     dry_run: Annotated[bool, typer.Option(help="Print the prompts as JSONL, post none.")] = False,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
 ) -> None:
-    """Register prompts from a JSONL file, or --synthetic N sim prompts.
+    """Register prompts from a file or dataset, or --synthetic N sim prompts.
+
+    Without --recipe or field options, rows must be prompts in the service's shape (prompt,
+    answer, task, id, meta). --recipe gsm8k / math map the public datasets' fields, extract the
+    answer and wrap the question in a chat message with an instruction.
 
     --synthetic draws the standard pool: 30% γ=0, 25% γ=1, 45% γ~Beta(2,2), ids p0…p{N-1},
     meta.p_success = γ (what the sim worker backend reads)."""
-    if (path is None) == (synthetic is None):
-        raise _err("give either a JSONL file or --synthetic N", 2)
+    if (source is None) == (synthetic is None):
+        raise _err("give either a file or dataset, or --synthetic N", 2)
     if synthetic is not None:
         from sara_service.pools import standard_pool
 
         prompts = standard_pool(synthetic, seed)
     else:
-        prompts = _read_jsonl(path)
+        fields = dict(prompt_field=prompt_field, answer_field=answer_field, id_field=id_field,
+                      extract=extract, task=task, chat=chat, instruction=instruction)
+        prompts = _read_source(source, recipe, fields, split, config, limit)
     if dry_run:
         for p in prompts:
             typer.echo(json.dumps(p))

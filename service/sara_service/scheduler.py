@@ -19,7 +19,7 @@ from typing import Callable
 from sara_client.models import (
     AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchGroup, BatchRollout, BatchStats, GroupDecision,
     HeartbeatResponse, LeaseRequest, LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
-    ResultsResponse, Rollout, SamplingParams,
+    ResultsResponse, Rollout, SamplingParams, prompt_json,
 )
 
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
@@ -43,7 +43,8 @@ def _new_id(prefix: str) -> str:
 
 def prompt_id_for(prompt: PromptIn) -> str:
     """A stable id from the content, so re-adding the same prompt without an id is a no-op."""
-    digest = hashlib.sha256(json.dumps([prompt.task, prompt.prompt, prompt.answer]).encode())
+    content = [prompt.task, prompt_json(prompt.prompt), prompt.answer]  # text: ids as before
+    digest = hashlib.sha256(json.dumps(content).encode())
     return "p" + digest.hexdigest()[:20]
 
 

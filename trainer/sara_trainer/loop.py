@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sara_client.chat import render_prompt
 
 from .advantages import compute_advantages
 from .checkpoint import OPTIMIZER_FILE, latest_checkpoint, load_checkpoint
@@ -251,7 +252,8 @@ class Trainer(Publishing):
         else:
             adv = compute_advantages(rewards, cfg.advantage_estimator, eps=cfg.advantage_eps,
                                      unbiased=cfg.std_unbiased)
-        prompts = tok([g.prompt for g in groups])["input_ids"] if groups else []
+        # render_prompt is what the worker generated from: text as is, chat through the template
+        prompts = [render_prompt(tok, g.prompt) for g in groups]
         limit = context_size(self.model)
         eos = tok.eos_token_id
         out, i = _Rows(), 0

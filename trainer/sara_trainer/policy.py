@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sara_client.chat import chat_messages, is_chat, render_prompt
 
 PromptLike = str | Mapping[str, Any]
 
@@ -79,15 +80,22 @@ def context_size(model) -> int:
     return 1 << 30
 
 
+def _content(prompt: PromptLike) -> Any:
+    return prompt["prompt"] if isinstance(prompt, Mapping) else prompt
+
+
 def prompt_text(prompt: PromptLike) -> str:
-    return str(prompt["prompt"]) if isinstance(prompt, Mapping) else str(prompt)
+    """A prompt as one string (for reports and buckets); chat messages' contents joined."""
+    content = _content(prompt)
+    if is_chat(content):
+        return "\n".join(m["content"] for m in chat_messages(content))
+    return str(content)
 
 
 def encode_prompts(tokenizer, prompts: Sequence[PromptLike]) -> list[list[int]]:
-    """Token ids of each prompt, as the tokenizer encodes it by default."""
-    if not prompts:
-        return []
-    return [list(ids) for ids in tokenizer([prompt_text(p) for p in prompts])["input_ids"]]
+    """Token ids of each prompt as the workers render it (render_prompt: text as the tokenizer
+    encodes it by default, chat messages through its chat template)."""
+    return [render_prompt(tokenizer, _content(p)) for p in prompts]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +212,7 @@ def sample(model, tokenizer, prompts: Sequence[PromptLike], k: int = 1, max_new_
     if temperature < 0:
         raise ValueError("temperature must be >= 0")
     texts = [prompt_text(p) for p in prompts]
-    encoded = encode_prompts(tokenizer, texts)
+    encoded = encode_prompts(tokenizer, prompts)
     out = Samples(k=k, prompts=texts, prompt_ids=encoded)
     rows = [ids for ids in encoded for _ in range(k)]
     device = next(model.parameters()).device

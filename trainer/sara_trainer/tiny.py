@@ -13,6 +13,10 @@ from pathlib import Path
 # Characters the synthetic tasks use. Index 0..3 are special tokens.
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARSET = "0123456789+-*/=()<>., ?:abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+# A chat template in the tokenizer's own characters, so chat prompts (the gsm8k and math recipes
+# make them) run on the tiny policy through the same render path as on a real instruct model.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,10 @@ def build_char_tokenizer():
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()  # characters join back without spaces
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>",
+                                        eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def build_tiny_policy(out_dir: str | Path, config: TinyConfig = TinyConfig()) -> Path:

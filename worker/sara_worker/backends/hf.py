@@ -34,6 +34,7 @@ import logging
 import math
 from typing import Any
 
+from sara_client.chat import render_prompt
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
@@ -198,7 +199,7 @@ class HFBackend(ObservableProgress, BaseBackend):
 
         loaded = await self._ensure_model()
         s = rollout.sampling
-        ids = list(loaded.tokenizer(rollout.prompt)["input_ids"])
+        ids = render_prompt(loaded.tokenizer, rollout.prompt)  # the trainer renders the same way
         if not ids:
             raise ValueError("the prompt tokenizes to nothing")
         if loaded.context is not None and len(ids) >= loaded.context:

@@ -50,6 +50,7 @@ from typing import Any
 
 import httpx
 
+from sara_client.chat import is_chat
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
@@ -202,6 +203,11 @@ class OpenAIBackend(ObservableProgress, BaseBackend):
 
     def request_body(self, rollout: Rollout) -> dict[str, Any]:
         """The ``/v1/completions`` body for one rollout."""
+        if is_chat(rollout.prompt):
+            # /v1/completions takes text; rendering a chat here would need the server's tokenizer,
+            # and /v1/chat/completions renders with a template the trainer cannot see.
+            raise ValueError("the openai backend serves plain-text prompts only; use the hf or "
+                             "vllm backend for chat prompts")
         s = rollout.sampling
         body: dict[str, Any] = {"model": self.model, "prompt": rollout.prompt, "n": 1,
                                 "max_tokens": s.max_tokens, "temperature": s.temperature,

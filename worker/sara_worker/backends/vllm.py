@@ -47,6 +47,7 @@ import logging
 import math
 from typing import Any
 
+from sara_client.chat import is_chat, render_prompt
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
@@ -335,13 +336,20 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         """The completion text of ``token_ids`` (special tokens skipped, as vLLM does)."""
         if not token_ids:
             return ""
+        return self.tokenizer().decode(token_ids, skip_special_tokens=True)
+
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer (fetched once per engine)."""
         if self._tokenizer is None:
             self._tokenizer = self.engine.get_tokenizer()
-        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self._tokenizer
 
-    async def engine_input(self, prompt: str) -> Any:
-        """The prompt as the engine wants it: rendered by its renderer where it has one."""
+    async def engine_input(self, prompt: Any) -> Any:
+        """The prompt as the engine wants it: rendered by its renderer where it has one. A chat
+        prompt becomes token ids through render_prompt, the function the trainer uses too."""
         engine = self.engine
+        if is_chat(prompt):
+            prompt = {"prompt_token_ids": render_prompt(self.tokenizer(), prompt)}
         if self._render is not False:
             try:
                 from vllm.renderers.inputs.preprocess import parse_model_prompt

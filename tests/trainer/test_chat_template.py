@@ -1,0 +1,170 @@
+"""Chat prompts render to the same token ids on the worker (hf and vllm backends) and in the
+trainer (issue 15 #2): the trainer must score the completion after exactly the prompt tokens the
+engine generated from. The tiny policy's tokenizer carries a chat template (sara_trainer.tiny)."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from sara_client.chat import render_prompt, render_text
+from sara_client.models import BatchGroup, BatchRollout, Rollout, SamplingParams
+
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2=?"}]
+
+
+def _rollout(prompt) -> Rollout:
+    return Rollout(rollout_id="g1:0", group_id="g1", prompt_id="p", prompt=prompt, task="exact",
+                   sampling=SamplingParams(max_tokens=3, temperature=1.0, seed=1))
+
+
+def _trainer_prompt_ids(tiny, prompt) -> list[int]:
+    """What Trainer.rows feeds the policy as the prompt of a group carrying `prompt`."""
+    from sara_trainer.config import TrainerConfig
+    from sara_trainer.loop import Trainer
+
+    model, tok = tiny
+    group = BatchGroup(group_id="g1", prompt_id="p", prompt=prompt, rollouts=[
+        BatchRollout(rollout_id=f"g1:{i}", completion="3", reward=float(i), completion_tokens=1,
+                     policy_version=0, token_ids=[5], logprobs=[-1.0]) for i in range(2)])
+    fake = types.SimpleNamespace(config=TrainerConfig(model="x"), tokenizer=tok, model=model)
+    rows = Trainer.rows(fake, [group])
+    assert rows.prompt_ids[0] == rows.prompt_ids[1]
+    return rows.prompt_ids[0]
+
+
+def test_template_is_applied_with_the_generation_prompt(tiny):
+    _, tok = tiny
+    assert render_text(tok, CHAT) == "<bos>system: be brief\nuser: 1+2=?\nassistant: "
+    ids = render_prompt(tok, CHAT)
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1  # no second BOS
+
+
+def test_text_prompts_tokenize_as_before(tiny):
+    _, tok = tiny
+    assert render_prompt(tok, "1+2=") == list(tok("1+2=")["input_ids"])
+    assert _trainer_prompt_ids(tiny, "1+2=") == list(tok(["1+2="])["input_ids"][0])
+
+
+def test_a_chat_prompt_needs_a_template(tiny):
+    _, tok = tiny
+    bare = types.SimpleNamespace(chat_template=None)
+    with pytest.raises(ValueError, match="chat_template"):
+        render_prompt(bare, CHAT)
+    assert render_prompt(tok, _rollout(CHAT).prompt) == render_prompt(tok, CHAT)  # models too
+
+
+@pytest.mark.parametrize("prompt", [CHAT, "1+2="])
+def test_hf_worker_generates_from_the_ids_the_trainer_scores(tiny_dir, tiny, monkeypatch,
+                                                             prompt):
+    from sara_worker.backends import hf
+
+    seen: list[list[int]] = []
+    real = hf._Request
+
+    def spy(rollout_id, prompt_ids, *rest, **kw):
+        seen.append(list(prompt_ids))
+        return real(rollout_id, prompt_ids, *rest, **kw)
+
+    monkeypatch.setattr(hf, "_Request", spy)
+
+    async def generate():
+        backend = hf.HFBackend(str(tiny_dir), seed=0, max_batch=1, threads=1)
+        try:
+            return await backend.generate(_rollout(prompt), 0)
+        finally:
+            await backend.close()
+
+    gen = asyncio.run(generate())
+    assert gen.token_ids  # it generated after those prompt ids
+    assert seen == [_trainer_prompt_ids(tiny, prompt)]
+
+
+def test_vllm_engine_input_is_the_trainers_ids(tiny):
+    """The vllm backend turns a chat prompt into prompt_token_ids with the engine's tokenizer
+    (here a stand-in engine: vLLM's own engine is exercised in tests/backends/test_vllm.py)."""
+    from sara_worker.backends.vllm import VLLMBackend
+
+    _, tok = tiny
+    backend = VLLMBackend.__new__(VLLMBackend)  # no engine start: only the input path runs
+    backend.engine = types.SimpleNamespace(get_tokenizer=lambda: tok)
+    backend._tokenizer, backend._render = None, False
+    engine_input = asyncio.run(backend.engine_input(_rollout(CHAT).prompt))
+    assert engine_input == {"prompt_token_ids": _trainer_prompt_ids(tiny, CHAT)}
+    assert asyncio.run(backend.engine_input("1+2=")) == "1+2="  # text: the engine tokenizes
+
+
+def test_openai_backend_refuses_chat_prompts_with_a_reason():
+    from sara_worker.backends.openai import OpenAIBackend
+
+    backend = OpenAIBackend.__new__(OpenAIBackend)
+    with pytest.raises(ValueError, match="plain-text"):
+        backend.request_body(_rollout(CHAT))
+
+
+def test_trainer_sampling_encodes_chat_prompts_the_same_way(tiny):
+    from sara_trainer.policy import encode_prompts, prompt_text
+
+    _, tok = tiny
+    assert encode_prompts(tok, [{"prompt": CHAT}, "1+2="]) == \
+        [_trainer_prompt_ids(tiny, CHAT), _trainer_prompt_ids(tiny, "1+2=")]
+    assert prompt_text({"prompt": CHAT}) == "be brief\n1+2=?"
+
+
+def test_gsm8k_recipe_through_the_hf_worker_and_a_trainer_step(tmp_path):
+    """The CPU path end to end: fixture GSM8K rows through the gsm8k recipe (chat prompts), the
+    hf backend generating with logprobs, and a trainer step that recomputes them. The importance
+    ratio is 1 only if the trainer scored the completions after the very prompt tokens the worker
+    generated from (a raw-text tokenization of the messages would move it)."""
+    from pathlib import Path
+
+    import sara_client
+    from sara_client.data import load_prompts, mapping_for
+    from sara_trainer.config import TrainerConfig
+    from sara_trainer.loop import Trainer
+    from sara_trainer.tiny import TinyConfig, build_tiny_policy
+    from sara_worker.backends.hf import HFBackend
+
+    data = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "gsm8k_sample.jsonl"
+    prompts = load_prompts(str(data), mapping_for("gsm8k")).prompts
+    policy = build_tiny_policy(tmp_path / "policy", TinyConfig(context=320))  # prompts ~250 chars
+    cfg = TrainerConfig(model=str(policy), checkpoint_dir=str(tmp_path / "ckpt"), k=4,
+                        batch_groups=2, lr=1e-3, max_new_tokens=6, checkpoint_every=1,
+                        keep_checkpoints=1, batch_wait_s=0.0, threads=1, max_steps=1)
+    with sara_client.local(data_dir=tmp_path / "redis", redis_url=None, group_size=4,
+                           batch_size=2, prefetch_batches=1, max_tokens=6,
+                           max_staleness=4) as sara:
+        sara.add_prompts(prompts)
+        asyncio.run(_hf_fill(sara, HFBackend(str(policy), seed=0, max_batch=16, threads=1)))
+        [report] = Trainer(sara, cfg).run(timeout_s=5)
+    m = report.metrics
+    assert m["off_policy"] == 1.0 and report.groups == 2    # used the worker's logprobs
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["ratio_max"] == pytest.approx(1.0, abs=1e-3)  # no single token scored elsewhere
+
+
+async def _hf_fill(sara, backend) -> None:
+    """Lease, generate with the hf backend, report right/wrong alternately (mixed groups)."""
+    seen: dict[str, int] = {}
+    try:
+        for _ in range(50):
+            lease = sara.lease("hf", max_rollouts=64)
+            if not lease.rollouts:
+                return
+            gens = await asyncio.gather(*(backend.generate(r, lease.policy.version)
+                                          for r in lease.rollouts))
+            results = []
+            for r, g in zip(lease.rollouts, gens):
+                seen[r.group_id] = seen.get(r.group_id, -1) + 1
+                results.append({"rollout_id": r.rollout_id, "reward": float(seen[r.group_id] % 2),
+                                "policy_version": lease.policy.version,
+                                "completion": g.completion,
+                                "completion_tokens": g.completion_tokens,
+                                "finish_reason": g.finish_reason, "token_ids": g.token_ids,
+                                "logprobs": g.logprobs})
+            sara.report("hf", results)
+        raise AssertionError("the scheduler never stopped issuing rollouts")
+    finally:
+        await backend.close()
