@@ -172,6 +172,9 @@ def test_mlflow_file_store_run(tmp_path, monkeypatch):
     pytest.importorskip("mlflow", reason="mlflow is not installed (pip install "
                                          "'sara-rollout[mlflow]')")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # the reporter opts in to MLflow 3's file store itself; set-then-delete restores it after
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     reporter = make_reporter("mlflow", tmp_path, run_name="t", config={"lr": 0.1})
     reporter.log(1, {"train/loss": 0.5})
     reporter.log(2, {"train/loss": 0.25})

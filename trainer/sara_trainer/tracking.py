@@ -199,6 +199,9 @@ class MlflowReporter(Reporter):
             raise _missing("mlflow", e) from None
         self.mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):
+            # a local file store needs no server or database (mlflow-skinny has no SQLAlchemy);
+            # MLflow 3 refuses it unless told that is intended
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             mlflow.set_tracking_uri((Path(log_dir).resolve() / "mlruns").as_uri())
         mlflow.set_experiment(experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME", "sara"))
         self.run = mlflow.start_run(run_name=run_name)
