@@ -516,6 +516,9 @@ def demo(
     backend: Annotated[str, typer.Option(help="Worker backend: hf or vllm.")] = "hf",
     quick: Annotated[bool, typer.Option(help="Tiny budgets (tests): about a minute.")] = False,
     progress: Annotated[bool, typer.Option(help="Progress bars and the table.")] = True,
+    report_to: Annotated[Optional[str], typer.Option(
+        help="Experiment tracking of each arm, as `sara train --report-to` (steps and held-out "
+             "evaluations, under OUT/runs/<policy>).")] = None,
 ) -> None:
     """Scheduler, worker and trainer on this CPU: RL with SARA, then with Dynamic Sampling."""
     if backend not in ("hf", "vllm"):
@@ -529,7 +532,7 @@ def demo(
 
     config = make_config(quick, sft_seconds=sft_seconds, sft_steps=sft_steps, rl_steps=rl_steps,
                          rollout_budget=rollouts, compare=compare, seed=seed, out=out,
-                         backend=backend, progress=progress)
+                         backend=backend, progress=progress, report_to=report_to)
     try:
         summary = run_demo(config)
     except Exception as e:
