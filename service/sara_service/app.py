@@ -19,6 +19,7 @@ from sara_client.models import ErrorEnvelope
 
 from .errors import SaraServiceError, StoreUnavailable
 from .health import RedisHealth
+from .metrics import Metrics, RequestMetrics
 from .routers import batches, dashboard, leases, observe, policy, prompts, results
 from .scheduler import Clock, Scheduler
 from .settings import Settings
@@ -251,4 +252,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     _install_error_handlers(app)
     app.add_middleware(InternalErrors)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.state.metrics = Metrics()
+    # added last, so outermost: it sees the status of every answer, 413s and 500s included
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     return app

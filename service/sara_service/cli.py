@@ -448,6 +448,16 @@ def worker(
     typer.echo(f"sara: worker {config.worker_id} stopped: {counters.line()}")
 
 
+def _make_reporter(report_to: str, logging_dir: Path, run_name: str | None, config: Any):
+    """The --report-to backends, or exit 2 naming the unknown backend or the missing extra."""
+    from sara_trainer.tracking import make_reporter
+
+    try:
+        return make_reporter(report_to, logging_dir, run_name, config.to_dict())
+    except (ValueError, ImportError) as e:
+        raise _err(f"sara train: {e}", 2) from None
+
+
 @app.command()
 def train(
     model: Annotated[str, typer.Option(help="Hugging Face causal LM directory to start from.")],
@@ -486,6 +496,15 @@ def train(
         "--set", help="Any other TrainerConfig field as KEY=VALUE, repeatable: e.g. "
                       "critic_lr=1e-3, gae_lambda=0.95, critic_warmup_steps=5, "
                       "batch_groups=64.")] = None,
+    report_to: Annotated[str, typer.Option(
+        help="Experiment tracking, comma-separated: tensorboard, wandb, mlflow, jsonl, all or "
+             "none (each but jsonl needs its extra; WANDB_MODE=offline works offline).")
+    ] = "none",
+    logging_dir: Annotated[Path, typer.Option(
+        help="Where --report-to backends write (TensorBoard events, metrics.jsonl, ...).")
+    ] = Path("./sara-data/runs"),
+    run_name: Annotated[Optional[str], typer.Option(
+        help="The run's name in W&B / MLflow.")] = None,
 ) -> None:
     """Pull effective batches, update the policy, checkpoint and publish each new version."""
     import logging
@@ -508,14 +527,17 @@ def train(
         raise _err(f"sara train: {e}", 2) from None
     from sara_trainer.loop import train as run_training
 
+    reporter = _make_reporter(report_to, logging_dir, run_name, config)
     typer.echo(f"sara: trainer {model} -> {url}, checkpoints in {checkpoint_dir}")
     try:
-        trainer = run_training(config, url, token)
+        trainer = run_training(config, url, token, on_step=reporter.log_step)
     except KeyboardInterrupt:
         raise _err("sara train: interrupted; the next run resumes from the last checkpoint",
                    130) from None
     except Exception as e:  # connection refused, auth, unloadable model: one line
         raise _err(f"sara train failed: {e}", 1) from None
+    finally:
+        reporter.close()
     typer.echo(f"sara: trained to step {trainer.step}, policy v{trainer.version} "
                f"({trainer.checkpoint})")
 
@@ -539,6 +561,9 @@ def demo(
     backend: Annotated[str, typer.Option(help="Worker backend: hf or vllm.")] = "hf",
     quick: Annotated[bool, typer.Option(help="Tiny budgets (tests): about a minute.")] = False,
     progress: Annotated[bool, typer.Option(help="Progress bars and the table.")] = True,
+    report_to: Annotated[Optional[str], typer.Option(
+        help="Experiment tracking of each arm, as `sara train --report-to` (steps and held-out "
+             "evaluations, under OUT/runs/<policy>).")] = None,
 ) -> None:
     """Scheduler, worker and trainer on this CPU: RL with SARA, then with Dynamic Sampling."""
     if backend not in ("hf", "vllm"):
@@ -552,7 +577,7 @@ def demo(
 
     config = make_config(quick, sft_seconds=sft_seconds, sft_steps=sft_steps, rl_steps=rl_steps,
                          rollout_budget=rollouts, compare=compare, seed=seed, out=out,
-                         backend=backend, progress=progress)
+                         backend=backend, progress=progress, report_to=report_to)
     try:
         summary = run_demo(config)
     except Exception as e:

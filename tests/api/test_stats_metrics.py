@@ -157,3 +157,20 @@ async def test_namespaces_are_isolated_and_replicas_share_state(make_api):
     assert (await run_b.counters())["rollouts_completed"] == 0
     assert (await run_b.lease("w1", 4))["rollouts"] == []
     assert (await run_b.stats())["namespace"] == "run_b"
+
+
+async def test_metrics_count_requests_by_route_template_not_raw_path(make_api):
+    api, _, _ = await scripted_run(make_api)
+    await api.get("/groups/g-one")
+    await api.get("/groups/g-two")
+    await api.get("/no/such/path/123")
+    fams = families((await api.get("/metrics")).text)
+    samples = fams["sara_http_requests"].samples
+    by_route = {(s.labels["route"], s.labels["status"]): s.value for s in samples
+                if s.name == "sara_http_requests_total"}
+    assert by_route[("/groups/{group_id}", "404")] == 2
+    assert by_route[("unmatched", "404")] == 1
+    assert not any("g-one" in route or "/no/such" in route for route, _ in by_route)
+    assert by_route[("/leases", "200")] >= 1 and by_route[("/results", "200")] >= 1
+    assert fams["sara_http_request_duration_seconds"].type == "histogram"
+    assert "process_cpu_seconds" in fams and "python_info" in fams

@@ -31,11 +31,24 @@ BUDGET, K = 8_000, 8
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     cmd = [sys.executable, "-c", "from sara_service.cli import main; main()", "demo", "--quick",
-           "--out", str(out)]
+           "--out", str(out), "--report-to", "jsonl"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
                           stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, json.loads((out / "summary.json").read_text())
+
+
+def test_report_to_logs_each_arms_steps_and_held_out_evaluations(demo_run):
+    out, _, s = demo_run
+    for arm in ("sara", "dynamic_sampling"):
+        lines = [json.loads(x) for x in (out / "runs" / arm / "metrics.jsonl").read_text()
+                 .splitlines()]
+        evals = [x for x in lines if "eval/heldout_accuracy" in x["metrics"]]
+        steps = [x for x in lines if "train/loss" in x["metrics"]]
+        assert evals[0]["step"] == 0 and len(evals) >= 2 and steps, arm
+        assert evals[0]["metrics"]["eval/heldout_accuracy"] == \
+            pytest.approx(s["accuracy"]["before_rl"])
+        assert all("scheduler/rollouts_spent" in x["metrics"] for x in steps)
 
 
 def test_accuracy_rises_beyond_four_standard_errors(demo_run):

@@ -91,6 +91,7 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
 
     from .config import TrainerConfig
     from .loop import Trainer
+    from .tracking import make_reporter
 
     settings = dict(redis_url=None, policy=cfg.policy, selection=cfg.selection,
                     group_size=cfg.group_size,
@@ -115,8 +116,14 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
                  "rollouts" if by_rollouts else "steps")
     # RL wall time without the held-out evaluations (they pause the trainer, not the worker)
     totals = {"rollouts": 0, "tokens": 0, "eval_s": 0.0, "start": time.perf_counter()}
+    # each arm's own run, outside the work dir the next demo deletes: TensorBoard
+    # (--logdir OUT/runs), W&B, ... chart SARA and DS side by side
+    reporter = make_reporter(cfg.report_to, Path(cfg.out) / "runs" / cfg.policy,
+                             run_name=cfg.policy, config=tcfg.to_dict())
+    reporter.log_eval(0, {"heldout_accuracy": before["accuracy"]})
 
     def on_step(report) -> None:
+        reporter.log_step(report)
         st = report.batch_stats
         totals["rollouts"] += st.get("rollouts_spent", 0)
         totals["tokens"] += st.get("tokens_spent", 0)
@@ -143,6 +150,8 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
                           "rollouts_cum": totals["rollouts"], "tokens_cum": totals["tokens"],
                           "seconds_cum": entry["seconds_cum"]})
             entry["heldout_accuracy"] = value
+            reporter.log_eval(report.step, {"heldout_accuracy": value,
+                                            "rollouts_cum": totals["rollouts"]})
         if cfg.rollout_budget and totals["rollouts"] >= cfg.rollout_budget:
             budget_spent.set()
             stop.set()
@@ -174,6 +183,7 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
             out_of_time = stop.is_set() and not budget_spent.is_set()
             stop.set()
             bars.close()
+            reporter.close()
             worker.stop(abort=True)
             try:
                 counters = await asyncio.wait_for(worker_task, 30.0)

@@ -1,13 +1,14 @@
 """GET /groups/{id}, /stats, /metrics, /healthz, /readyz."""
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sara_client.models import GroupOut, HealthResponse, Identifier, StatsResponse
 
 from ..deps import AUTH_RESPONSES, NON_JSON_AUTH_RESPONSES, NOT_FOUND, ReaderRole, SchedulerDep
 from ..errors import StoreUnavailable
-from ..observability import group_view, prometheus_text, stats_view
+from ..metrics import CONTENT_TYPE
+from ..observability import group_view, stats_view
 
 router = APIRouter(tags=["operator"])
 
@@ -29,11 +30,12 @@ async def stats(scheduler: SchedulerDep) -> StatsResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse, dependencies=[ReaderRole],
             responses=NON_JSON_AUTH_RESPONSES)
-async def metrics(scheduler: SchedulerDep) -> str:
-    """The same figures in Prometheus text format."""
+async def metrics(scheduler: SchedulerDep, request: Request) -> Response:
+    """The same figures in Prometheus text format, with per-route HTTP request counts and
+    latencies and the process's metrics."""
     view = await stats_view(scheduler.store, scheduler.settings, scheduler.clock(),
                             scheduler.auto)
-    return PlainTextResponse(prometheus_text(view), media_type="text/plain; version=0.0.4")
+    return Response(request.app.state.metrics.render(view), media_type=CONTENT_TYPE)
 
 
 @router.get("/healthz", response_model=HealthResponse,
