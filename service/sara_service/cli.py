@@ -563,6 +563,16 @@ def bench(
         raise typer.Exit(code)
 
 
+def _add_run_control() -> None:
+    from sara_service.cli_runctl import prompts_app, run_app  # typer only: keeps --help fast
+
+    app.add_typer(prompts_app, name="prompts")
+    app.add_typer(run_app, name="run")
+
+
+_add_run_control()
+
+
 def main() -> None:
     """Console entry point (`sara`)."""
     app(prog_name="sara")

@@ -114,3 +114,41 @@ async def test_listing_needs_operator_and_changes_need_admin(make_api, role, met
     r = await api.http.request(method, path, json=body, headers=bearer(role))
     assert r.status_code == status, r.text
     assert (await api.http.get("/run")).status_code == 401
+
+
+async def test_sync_and_async_sdk_drive_run_control(api):
+    import httpx
+
+    from sara_client import NotFoundError, SaraClient
+
+    from .conftest import BASE_URL, sdk_for
+
+    await api.add(*[prompt_spec(f"s{i}", "mixed") for i in range(3)])
+    async with sdk_for(api.app) as client:
+        assert (await client.set_prompt_enabled("s1", False)).state == "disabled"
+        listed = {p.id: p.state async for p in client.iter_prompts(page_size=1)}
+        assert listed == {"s0": "enabled", "s1": "disabled", "s2": "enabled"}
+        assert (await client.delete_prompt("s2")).state == "deleted"
+        with pytest.raises(NotFoundError):
+            await client.delete_prompt("s2")
+        assert (await client.control_run("drain")).state == "drained"  # nothing was in flight
+        assert (await client.control_run("pause")).state == "paused"
+        assert (await client.run_status()).state == "paused"
+    # the sync client builds the same calls; check them against a recorded exchange
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.url.query, request.content))
+        if request.url.path == "/run":
+            return httpx.Response(200, json={"namespace": "n", "state": "running"})
+        if request.method == "GET":
+            return httpx.Response(200, json={"prompts": [], "next_cursor": None})
+        return httpx.Response(200, json={"id": "a/b", "state": "disabled"})
+
+    with SaraClient(BASE_URL, transport=httpx.MockTransport(handler)) as sync:
+        assert sync.control_run("resume").state == "running"
+        assert list(sync.iter_prompts()) == []
+        assert sync.set_prompt_enabled("a/b", False).state == "disabled"
+    assert seen[0][:2] == ("POST", "/run") and b'"resume"' in seen[0][3]
+    assert seen[1][2] == b"cursor=0&limit=100"
+    assert seen[2][:2] == ("PATCH", "/prompts/a/b") and b"false" in seen[2][3]
