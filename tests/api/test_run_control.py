@@ -89,7 +89,8 @@ async def test_bad_requests_use_the_error_envelope(api):
     for method, path, body in [("POST", "/run", {"action": "stop"}),
                                ("POST", "/run", {"action": "pause", "extra": 1}),
                                ("PATCH", "/prompts/x", {"enabled": False, "why": "x"}),
-                               ("GET", "/prompts?limit=0", None)]:
+                               ("GET", "/prompts?limit=0", None),
+                               ("GET", f"/prompts?cursor={2**64}", None)]:
         r = await api.http.request(method, path, json=body)
         assert r.status_code == 422, (path, r.text)
         assert "error" in r.json()

@@ -14,10 +14,11 @@ from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, OperatorRole, Scheduler
 from .prompts import posterior_of
 
 router = APIRouter(tags=["run control"], responses=AUTH_RESPONSES)
+MAX_CURSOR = 2**64 - 1  # Redis SCAN cursors are unsigned 64-bit: a larger one is its error
 
 
 @router.get("/prompts", response_model=PromptPage, dependencies=[OperatorRole])
-async def list_prompts(scheduler: SchedulerDep, cursor: Annotated[int, Query(ge=0)] = 0,
+async def list_prompts(scheduler: SchedulerDep, cursor: Annotated[int, Query(ge=0, le=MAX_CURSOR)] = 0,
                        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> PromptPage:
     """One page of prompts with their state and posteriors; follow `next_cursor`."""
     nxt, page = await scheduler.store.list_prompts(cursor, limit)
