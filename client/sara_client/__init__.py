@@ -69,6 +69,8 @@ from .models import (
     StatsResponse,
     WorkerStats,
 )
+from .models_runctl import (PromptPage, PromptStateRequest, PromptStateResponse, PromptSummary,
+                            RunControlRequest, RunStatus)
 
 __all__ = [
     "local",
@@ -138,4 +140,10 @@ __all__ = [
     "Queues",
     "WorkerStats",
     "StatsResponse",
+    "PromptSummary",
+    "PromptPage",
+    "PromptStateRequest",
+    "PromptStateResponse",
+    "RunControlRequest",
+    "RunStatus",
 ]

@@ -22,6 +22,7 @@ from ._base import (
     RetryPolicy,
     error_from_transport,
 )
+from ._runctl import AsyncRunControl
 from .errors import NotFoundError, SaraError
 from .models import (
     AckResponse,
@@ -42,7 +43,7 @@ T = TypeVar("T")
 log = logging.getLogger("sara_client")
 
 
-class AsyncSaraClient(BaseSaraClient):
+class AsyncSaraClient(AsyncRunControl, BaseSaraClient):
     """Asynchronous SARA client over ``httpx.AsyncClient``; same methods as :class:`SaraClient`.
 
     >>> async with AsyncSaraClient("http://scheduler:8000", token="...") as sara:

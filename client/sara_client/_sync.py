@@ -20,6 +20,7 @@ from ._base import (
     RetryPolicy,
     error_from_transport,
 )
+from ._runctl import SyncRunControl
 from .errors import NotFoundError, SaraError
 from .models import (
     AckResponse,
@@ -40,7 +41,7 @@ T = TypeVar("T")
 log = logging.getLogger("sara_client")
 
 
-class SaraClient(BaseSaraClient):
+class SaraClient(SyncRunControl, BaseSaraClient):
     """Synchronous SARA client over ``httpx.Client``.
 
     >>> with SaraClient("http://scheduler:8000", token="...") as sara:

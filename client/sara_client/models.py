@@ -404,6 +404,7 @@ class WorkerStats(_Answer):
 
 class StatsResponse(_Answer):
     namespace: str
+    run_state: str = Field("running", description="running | paused | draining | drained.")
     now: float
     policy: PolicyInfo
     config: dict[str, Any]

@@ -20,7 +20,7 @@ from sara_client.models import ErrorEnvelope
 from .errors import SaraServiceError, StoreUnavailable
 from .health import RedisHealth
 from .metrics import Metrics, RequestMetrics
-from .routers import batches, dashboard, leases, observe, policy, prompts, results
+from .routers import batches, dashboard, leases, observe, policy, prompts, results, runctl
 from .scheduler import Clock, Scheduler
 from .settings import Settings
 from .store import Store
@@ -247,7 +247,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     app.state.settings = settings
     app.state.scheduler = scheduler
     app.state.redis_health = health
-    for module in (prompts, leases, results, batches, policy, observe, dashboard):
+    for module in (prompts, runctl, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
     _install_error_handlers(app)
     app.add_middleware(InternalErrors)

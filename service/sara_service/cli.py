@@ -26,6 +26,8 @@ app = typer.Typer(
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SARA_URL", help="Scheduler base URL.")]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="SARA_TOKEN",
                                                  help="Bearer token (admin or operator).")]
+LogFormatOpt = Annotated[Optional[str], typer.Option(
+    "--log-format", envvar="SARA_LOG_FORMAT", help="text or json (one object per line).")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 LOAD_CHUNK = 1000  # prompts per POST /prompts (the service accepts up to 10,000)
 
@@ -44,6 +46,17 @@ def _app_from_env():
     from sara_service.settings import Settings
 
     return create_app(Settings())
+
+
+def _logging(level: str, fmt: str | None, **fields: Any) -> str:
+    """Configure logging as text or JSON lines (`fields` on every JSON line); exit 2 on a bad
+    format. Returns the format chosen."""
+    from sara_client.logs import configure_logging
+
+    try:
+        return configure_logging(level, fmt, **fields)
+    except ValueError as e:
+        raise _err(f"--log-format: {e}", 2) from None
 
 
 def _raise_exit(signum: int, frame: Any) -> None:
@@ -65,10 +78,9 @@ def serve(
     data_dir: Annotated[Optional[Path], typer.Option(help="Embedded Redis data dir.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run the scheduler. Flags override SARA_* environment variables."""
-    import logging
-
     from pydantic import ValidationError
 
     from sara_service.settings import Settings
@@ -81,8 +93,9 @@ def serve(
         settings = Settings(**overrides)
     except ValidationError as e:
         raise _err(f"invalid settings:\n{e}", 2) from None
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format = _logging(log_level, log_format, run=settings.namespace)
+    # json: uvicorn's own loggers propagate to the root's JSON handler instead of its text ones
+    uvicorn_logs: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
 
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     embedded = None
@@ -113,14 +126,14 @@ def serve(
             from sara_service.app import create_app
 
             uvicorn.run(create_app(settings, embedded=embedded), host=host, port=port,
-                        log_level=log_level,
+                        log_level=log_level, **uvicorn_logs,
                         timeout_graceful_shutdown=settings.shutdown_grace_s)
         else:
             # Worker processes inherit the environment: pass every override (and the embedded URL).
             for key, value in {**overrides, "redis_url": settings.redis_url}.items():
                 os.environ[f"SARA_{key.upper()}"] = str(value)
             uvicorn.run("sara_service.cli:_app_from_env", factory=True, host=host, port=port,
-                        workers=workers, log_level=log_level,
+                        workers=workers, log_level=log_level, **uvicorn_logs,
                         timeout_graceful_shutdown=settings.shutdown_grace_s)
     except KeyboardInterrupt:
         pass
@@ -414,10 +427,10 @@ def worker(
     option: Annotated[Optional[list[str]], typer.Option(
         "--option", "-o", help="Backend option KEY=VALUE (repeatable).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Lease, generate, verify and report rollouts until SIGTERM (then finish and exit 0)."""
     import asyncio
-    import logging
 
     if on_stop not in ("finish", "abort"):
         raise _err("--on-stop is finish or abort", 2)
@@ -435,9 +448,7 @@ def worker(
         lease_wait_s=lease_wait, report_batch=report_batch, flush_interval_s=flush_ms / 1000.0,
         lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
         drain_timeout_s=drain_timeout, log_interval_s=log_interval)
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    _logging(log_level, log_format, worker_id=config.worker_id)
     typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={capacity} -> {url}")
     try:
         counters = asyncio.run(_work(backend, options, config, url, token))
@@ -492,6 +503,7 @@ def train(
         help="Recompute activations in backward (less memory, ~30% more compute).")] = False,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: LogFormatOpt = None,
     settings: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Any other TrainerConfig field as KEY=VALUE, repeatable: e.g. "
                       "critic_lr=1e-3, gae_lambda=0.95, critic_warmup_steps=5, "
@@ -507,13 +519,9 @@ def train(
         help="The run's name in W&B / MLflow.")] = None,
 ) -> None:
     """Pull effective batches, update the policy, checkpoint and publish each new version."""
-    import logging
-
     from sara_trainer.config import TrainerConfig
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    _logging(log_level, log_format)
     fields = dict(model=model, checkpoint_dir=str(checkpoint_dir), max_steps=steps,
                   advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
                   checkpoint_every=checkpoint_every, publish_every=publish_every, device=device,
@@ -631,6 +639,16 @@ def bench(
     code = subprocess.call([sys.executable, str(script), *args])
     if code:
         raise typer.Exit(code)
+
+
+def _add_run_control() -> None:
+    from sara_service.cli_runctl import prompts_app, run_app  # typer only: keeps --help fast
+
+    app.add_typer(prompts_app, name="prompts")
+    app.add_typer(run_app, name="run")
+
+
+_add_run_control()
 
 
 def main() -> None:

@@ -91,6 +91,7 @@ WorkerRole = Depends(require("worker"))
 TrainerRole = Depends(require("trainer"))
 AdminRole = Depends(require())
 ReaderRole = Depends(require("operator", "trainer"))
+OperatorRole = Depends(require("operator"))
 AnyRole = Depends(require("operator", "trainer", "worker"))
 
 

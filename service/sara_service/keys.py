@@ -51,6 +51,22 @@ class Keys:
     def posteriors(self) -> str:
         return self._k("posteriors")
 
+    # prompts_off: hash prompt_id -> "disabled" | "deleted"; open_groups.lua never opens them
+    @property
+    def prompts_off(self) -> str:
+        return self._k("prompts:off")
+
+    # retired: hash prompt_id -> content of a deleted prompt, kept so groups in flight still
+    # lease and batch it (re-adding the id clears it)
+    @property
+    def prompts_retired(self) -> str:
+        return self._k("prompts:retired")
+
+    # run state: string "paused" | "draining"; absent = running
+    @property
+    def run_state(self) -> str:
+        return self._k("run:state")
+
     # epoch queue: list of prompt ids still to visit this epoch; epoch: counter
     @property
     def epoch_queue(self) -> str:

@@ -165,7 +165,8 @@ async def stats_view(store: Store, settings: Settings, now: float,
                     flow_target=settings.prefetch_batches * settings.batch_size)
     policy: PolicyInfo = await store.get_policy()
     return StatsResponse(
-        namespace=settings.namespace, now=now, policy=policy, config=settings.public_config(),
+        namespace=settings.namespace, run_state=await store.run_state(), now=now, policy=policy,
+        config=settings.public_config(),
         counters=counters, derived=derived, queues=queues,
         abandon_histogram={_s(a): int(b) for a, b in sorted(hist.items(), key=lambda x: int(x[0]))},
         workers=_workers(worker_scores, worker_info, now, settings.worker_stale_s),

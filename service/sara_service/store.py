@@ -7,48 +7,26 @@ unreachable surfaces as `StoreUnavailable`.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Callable
 
 import redis.asyncio as aioredis
-import redis.exceptions
 
 from sara_client.models import PolicyInfo, PromptIn, RolloutResult, prompt_json
 
 from .allocation import GroupPlan
-from .errors import Conflict, NotFound, StoreUnavailable, UnknownRollouts
+from .errors import Conflict, NotFound, UnknownRollouts
 from .keys import Keys, split_rollout_id
+from .store_errors import _unavailable_on_redis_error  # noqa: F401 - re-exported
+from .store_runctl import RunControl
 from .store_codec import _s, decode_prompt, decode_result, stored_int  # noqa: F401 - re-exported
 
 SCRIPTS = ("open_groups", "lease", "expire_leases", "heartbeat", "apply_results", "form_batch",
-           "ack_batch", "publish_policy", "add_prompts", "refill_epoch", "prune_workers")
-
-T = TypeVar("T")
-
-
-def _unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Turn Redis being unreachable or read-only into StoreUnavailable (the API answers 503)."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> T:
-        try:
-            return await fn(*args, **kwargs)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError,
-                OSError) as exc:
-            raise StoreUnavailable(f"Redis is unavailable: {exc}") from exc
-        except redis.exceptions.ResponseError as exc:
-            # a script's write on a replica (failover in progress) fails with READONLY
-            if "READONLY" in str(exc):
-                raise StoreUnavailable(f"Redis is read-only (failover?): {exc}") from exc
-            raise
-
-    return wrapper
-
+           "ack_batch", "publish_policy", "add_prompts", "refill_epoch", "prune_workers",
+           "prompt_state")
 
 @dataclass
 class LeasedRollout:
@@ -88,8 +66,8 @@ def _result_args(results: list[RolloutResult], successes: list[int], args: list[
     return group_index
 
 
-class Store:
-    """All Redis access of one namespace."""
+class Store(RunControl):
+    """All Redis access of one namespace (run control: see store_runctl)."""
 
     def __init__(self, client: aioredis.Redis, namespace: str) -> None:
         self.redis = client
@@ -120,7 +98,8 @@ class Store:
                            "meta": p.meta}) for pid, p in prompts]
         for pid, content in contents:
             args += [pid, json.dumps(content)]
-        created, maybe = await self._run("add_prompts", [k.prompts, k.posteriors], args)
+        created, maybe = await self._run(
+            "add_prompts", [k.prompts, k.posteriors, k.prompts_off, k.prompts_retired], args)
         maybe = list(dict.fromkeys(_s(x) for x in maybe))
         stored = dict(zip(maybe, await self.redis.hmget(k.prompts, maybe) if maybe else []))
         return int(created), [pid for pid in maybe if stored[pid] is None or any(
@@ -207,7 +186,8 @@ class Store:
     async def open_groups(self, now: float, flow_target: int,
                           groups: list[tuple[str, str, GroupPlan]], commit: str,
                           skipped: int = 0, audit_fraction: float = 0.0, seed: int = 0) -> int:
-        """Open (group id, prompt id, plan) in order while flow control allows; returns how many.
+        """Open (group id, prompt id, plan) in order while flow control allows; returns how many
+        were consumed (opened, or passed over as disabled/deleted): 0 while paused or draining.
 
         About `audit_fraction` of them (chosen by a hash of seed, prompt and visit) run on to k
         where SARA would abandon them, so the run measures what abandoning loses.
@@ -220,7 +200,8 @@ class Store:
                   "deliver_sat": int(plan.deliver_saturated), "commit": commit}
                  for gid, pid, plan in groups]
         keys = [k.stats, k.open_groups, k.ready, k.pending, k.slots, k.group_states,
-                k.group_prompt, k.posteriors, *(k.group(gid) for gid, _, _ in groups)]
+                k.group_prompt, k.posteriors, k.run_state, k.prompts_off,
+                *(k.group(gid) for gid, _, _ in groups)]
         return int(await self._run("open_groups", keys,
                                    [now, flow_target, json.dumps(specs), skipped,
                                     repr(float(audit_fraction)), seed]))
@@ -240,7 +221,7 @@ class Store:
         k = self.keys
         keys = [k.pending, k.slots, k.inflight, k.stats, k.cancels, k.lease(lease_id),
                 k.lease_rollouts(lease_id), k.workers, k.group_prompt, k.prompts, k.worker_info,
-                k.policy]
+                k.policy, k.run_state, k.prompts_retired]
         flat, cancel = await self._run("lease", keys, [now, worker_id, lease_id, max_rollouts,
                                                        expires_at, key_ttl_s, backend or ""])
         rollouts = []
@@ -336,7 +317,7 @@ class Store:
         """('new'|'redeliver', batch id) or ('none', None)."""
         k = self.keys
         keys = [k.ready, k.unacked, k.stats, k.policy, k.batch(batch_id), k.batch_window,
-                k.recent_batches, k.group_states, k.gc]
+                k.recent_batches, k.group_states, k.gc, k.run_state, k.open_groups]
         out = await self._run("form_batch", keys, [now, size, ack_deadline, max_staleness,
                                                    rollout_cap or 0, batch_id, retention_s])
         kind = _s(out[0])
@@ -383,6 +364,9 @@ class Store:
         if not pids:
             return []
         raw = await self.redis.hmget(self.keys.prompts, pids)
+        if any(r is None for r in raw):  # a deleted prompt's groups in flight still deliver
+            retired = await self.redis.hmget(self.keys.prompts_retired, pids)
+            raw = [r if r is not None else old for r, old in zip(raw, retired)]
         return [decode_prompt(r) if r else None for r in raw]
 
     @_unavailable_on_redis_error

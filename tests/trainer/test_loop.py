@@ -157,8 +157,9 @@ def test_behaviour_logprobs_kl_and_estimators(tiny_dir, tmp_path):
     assert state["extra"]["trained_batches"] == [report.batch_id]
 
 
-def test_redelivered_batch_already_trained_is_only_acked(tiny_dir, tmp_path):
+def test_redelivered_batch_already_trained_is_only_acked(tiny_dir, tmp_path, caplog):
     cfg = _config(tiny_dir, tmp_path, max_steps=1)
+    caplog.set_level("INFO", logger="sara.trainer")
     with _local(tmp_path) as sara:
         sara.add_prompts(_prompts())
         ScriptedWorker(sara).fill()
@@ -170,6 +171,9 @@ def test_redelivered_batch_already_trained_is_only_acked(tiny_dir, tmp_path):
         again = Trainer(sara, cfg.replace(max_steps=5))
         assert again.train_on(batch) is None
         assert (again.step, again.acked) == (1, [batch.batch_id])
+    # the step line and the ack-only warning carry the batch id as a field (JSON logs)
+    tagged = [r for r in caplog.records if getattr(r, "batch_id", None) == batch.batch_id]
+    assert {r.levelname for r in tagged} == {"INFO", "WARNING"}
 
 
 # --- `sara train` ------------------------------------------------------------------------------

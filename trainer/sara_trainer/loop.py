@@ -202,7 +202,8 @@ class Trainer(Publishing):
         """One step on ``batch``: update, checkpoint, ack, publish. None for a batch this trainer
         already trained (redelivered after a crash): it is only acked."""
         if batch.batch_id in self._trained_ids:
-            log.warning("batch %s was trained before the restart: acking it only", batch.batch_id)
+            log.warning("batch %s was trained before the restart: acking it only", batch.batch_id,
+                        extra={"batch_id": batch.batch_id})
             self._ack(batch.batch_id)
             return None
         started = time.perf_counter()
@@ -232,7 +233,8 @@ class Trainer(Publishing):
         self.reports.append(report)
         log.info("step %d v%d: %d groups, reward %.3f, loss %.4f, %.2fs", report.step,
                  report.policy_version, report.groups, report.mean_reward, report.loss,
-                 report.seconds)
+                 report.seconds, extra={"batch_id": batch.batch_id, "step": report.step,
+                                        "policy_version": report.policy_version})
         if self.on_step is not None:
             self.on_step(report)
         return report

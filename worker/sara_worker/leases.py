@@ -59,7 +59,8 @@ class Leases:
             answer = await self.client.heartbeat(lease_id, self.config.worker_id)
         except (NotFoundError, ConflictError) as exc:
             lost = self.members.pop(lease_id, set())
-            log.info("lease %s lost (%s): giving up %d rollouts", lease_id, exc, len(lost))
+            log.info("lease %s lost (%s): giving up %d rollouts", lease_id, exc, len(lost),
+                     extra={"lease_id": lease_id})
             for rollout_id in lost:
                 self._lease_of.pop(rollout_id, None)
             await self._on_lost(lost)

@@ -1,5 +1,6 @@
 -- Register prompts; an id seen before is left as it is (idempotent on id).
 -- KEYS[1] = prompts hash   KEYS[2] = posteriors hash
+-- KEYS[3] = prompts_off hash   KEYS[4] = retired prompts hash (a deleted id added again is new)
 -- ARGV[1] = initial posterior JSON   ARGV[2..] = prompt id, prompt JSON, prompt id, prompt JSON, ...
 -- returns {number of prompts that were new, {ids already stored with another encoding}}; the
 --         caller compares those decoded (the same content may be encoded in another key order)
@@ -7,6 +8,8 @@ local created, differs = 0, {}
 for i = 2, #ARGV, 2 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
     redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[1])
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    redis.call('HDEL', KEYS[4], ARGV[i])
     created = created + 1
   elseif redis.call('HGET', KEYS[1], ARGV[i]) ~= ARGV[i + 1] then
     differs[#differs + 1] = ARGV[i]

@@ -2,6 +2,7 @@
 -- KEYS[1] = ready list        KEYS[2] = unacked zset       KEYS[3] = stats hash
 -- KEYS[4] = policy hash       KEYS[5] = new batch hash     KEYS[6] = batch window hash
 -- KEYS[7] = recent batches list   KEYS[8] = group_states hash   KEYS[9] = gc zset
+-- KEYS[10] = run state string   KEYS[11] = open groups zset
 -- ARGV[1] = now   ARGV[2] = groups wanted   ARGV[3] = ack deadline   ARGV[4] = max staleness
 -- ARGV[5] = rollout cap per batch (0 = none)   ARGV[6] = new batch id   ARGV[7] = retention s
 -- returns {'redeliver', batch id} | {'none'} | {'new', batch id}
@@ -21,7 +22,9 @@ local before = redis.call('HMGET', KEYS[6], unpack(window_fields))
 local function spent(i) return (tonumber(current[i]) or 0) - (tonumber(before[i]) or 0) end
 
 local cap = tonumber(ARGV[5])
-local closing = cap > 0 and spent(1) >= cap
+-- a draining run with no group left open delivers what is ready, however few: nothing more comes
+local closing = (cap > 0 and spent(1) >= cap)
+  or (redis.call('GET', KEYS[10]) == 'draining' and redis.call('ZCARD', KEYS[11]) == 0)
 local version = tonumber(redis.call('HGET', KEYS[4], 'version') or '0')
 local max_stale = tonumber(ARGV[4])
 local picked, gids, rollouts = {}, {}, 0

@@ -3,6 +3,7 @@
 -- KEYS[4] = stats hash          KEYS[5] = cancels hash      KEYS[6] = lease hash
 -- KEYS[7] = lease rollouts set  KEYS[8] = workers zset      KEYS[9] = group_prompt hash
 -- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
+-- KEYS[13] = run state string  KEYS[14] = retired prompts hash (content of deleted prompts)
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = max rollouts
 -- ARGV[5] = lease expiry time   ARGV[6] = key ttl in seconds   ARGV[7] = backend name ('' = unknown)
 -- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated)}
@@ -10,6 +11,9 @@ local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local held = 'l|' .. lid .. '|' .. wid
 local out = {}
 local got = 0
+-- paused: nothing is leased (pending rollouts wait), but the worker is still seen and gets its
+-- cancels; checked here, in the same script, so no lease slips past a pause
+if redis.call('GET', KEYS[13]) == 'paused' then want = 0 end
 while got < want do
   local popped = redis.call('LPOP', KEYS[1], want - got)
   if not popped then break end
@@ -23,7 +27,8 @@ while got < want do
       local pid = redis.call('HGET', KEYS[9], gid)
       out[#out + 1] = rid
       out[#out + 1] = pid
-      out[#out + 1] = redis.call('HGET', KEYS[10], pid)
+      -- a group in flight still runs after its prompt was deleted: its content is retired
+      out[#out + 1] = redis.call('HGET', KEYS[10], pid) or redis.call('HGET', KEYS[14], pid)
       got = got + 1
     end
   end

@@ -3,7 +3,8 @@
 -- KEYS[3] = ready list           KEYS[4] = pending list
 -- KEYS[5] = slots hash           KEYS[6] = group_states hash
 -- KEYS[7] = group_prompt hash    KEYS[8] = posteriors hash
--- KEYS[8 + i] = hash of the i-th candidate group
+-- KEYS[9] = run state string      KEYS[10] = prompts_off hash (disabled / deleted prompts)
+-- KEYS[10 + i] = hash of the i-th candidate group
 -- ARGV[1] = now                  ARGV[2] = flow target (prefetch_batches x batch_size)
 -- ARGV[3] = JSON list of group specs, in the order to open them:
 --           {gid, pid, k, thr_f, thr_s, issue, pf, ps, deliver_sat, commit}
@@ -11,7 +12,10 @@
 -- ARGV[5] = audit fraction: the share of groups that, should SARA decide to abandon them, are
 --           completed to k instead so the run can measure what abandoning loses
 -- ARGV[6] = seed of the audit draw
--- returns the number of specs opened (a prefix of the list: the rest did not fit)
+-- returns the number of specs consumed (a prefix of the list: the rest did not fit): opened, or
+--         passed over because their prompt is disabled or deleted. 0 while the run is paused or
+--         draining: the check lives here so no replica can open a group after a pause is set.
+if redis.call('EXISTS', KEYS[9]) == 1 then return 0 end
 local now = ARGV[1]
 local target = tonumber(ARGV[2])
 local specs = cjson.decode(ARGV[3])
@@ -33,10 +37,8 @@ local function audited(pid, visit)
   return (h / 281474976710656 < audit_fraction) and 1 or 0
 end
 
-local opened = 0
-for i, g in ipairs(specs) do
-  if expected >= target then break end
-  local gkey = KEYS[8 + i]
+-- Open one group from its spec; returns its expected yield p0.
+local function open_one(gkey, g)
   -- a plan that delivers saturated groups (uniform) yields a group for every group opened
   local p0 = (g.deliver_sat == 1) and 1 or g.pf[1]
   redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
@@ -65,7 +67,16 @@ for i, g in ipairs(specs) do
   end
   redis.call('HINCRBY', KEYS[1], 'rollouts_issued', g.issue)
   redis.call('HINCRBY', KEYS[1], 'groups_opened', 1)
-  expected = expected + p0
+  return p0
+end
+
+local opened = 0
+for i, g in ipairs(specs) do
+  if expected >= target then break end
+  -- consumed, not opened: a disabled or deleted prompt is never opened again
+  if redis.call('HEXISTS', KEYS[10], g.pid) == 0 then
+    expected = expected + open_one(KEYS[10 + i], g)
+  end
   opened = opened + 1
 end
 return opened

@@ -6,6 +6,7 @@ from sara_client.models import (AddPromptsRequest, AddPromptsResponse, Identifie
                                 PromptHistory, PromptOut)
 
 from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, ReaderRole, SchedulerDep
+from ..settings import Settings
 
 router = APIRouter(prefix="/prompts", tags=["prompts"],
                    responses=AUTH_RESPONSES)
@@ -23,12 +24,17 @@ async def add_prompts(body: AddPromptsRequest, scheduler: SchedulerDep) -> AddPr
 async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOut:
     """A prompt with its posterior and history."""
     content, post = await scheduler.store.get_prompt(prompt_id)
-    s = scheduler.settings
+    posterior, history = posterior_of(post, scheduler.settings)
     return PromptOut(
         id=prompt_id, prompt=content["prompt"], answer=content.get("answer"),
         task=content.get("task", "exact"), meta=content.get("meta") or {},
-        posterior=Posterior(alpha=post.get("a", s.prior_alpha), beta=post.get("b", s.prior_beta),
-                            version=int(post.get("v", 0)), epoch=post.get("t")),
-        history=PromptHistory(groups=post.get("groups", 0), committed=post.get("committed", 0),
-                              abandoned=post.get("abandoned", 0), rollouts=post.get("rollouts", 0),
-                              successes=post.get("successes", 0), last_group_id=post.get("last")))
+        posterior=posterior, history=history)
+
+
+def posterior_of(post: dict, s: Settings) -> tuple[Posterior, PromptHistory]:
+    """A stored posterior JSON as the answer's posterior and history (the prior where unset)."""
+    return (Posterior(alpha=post.get("a", s.prior_alpha), beta=post.get("b", s.prior_beta),
+                      version=int(post.get("v", 0)), epoch=post.get("t")),
+            PromptHistory(groups=post.get("groups", 0), committed=post.get("committed", 0),
+                          abandoned=post.get("abandoned", 0), rollouts=post.get("rollouts", 0),
+                          successes=post.get("successes", 0), last_group_id=post.get("last")))

@@ -322,6 +322,7 @@
   function renderHeader(stats) {
     const cfg = stats.config || {};
     setText("#meta-namespace", stats.namespace || "–");
+    setText("#meta-run-state", stats.run_state || "running");
     setText("#meta-policy", cfg.policy || "–");
     const prior = cfg.prior && cfg.prior !== "uniform" ? "prior " + cfg.prior : null;
     setText("#meta-selection", [cfg.selection, prior].filter(Boolean).join(" · ") || "–");

@@ -1,0 +1,1 @@
+"""Adapters that put SARA's allocation into other training libraries (optional dependencies)."""
