@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from .models import Posterior, PromptHistory, _Answer, _Request
+from .prompts import StoredPrompt
 
 PromptState = Literal["enabled", "disabled", "deleted"]
 RunState = Literal["running", "paused", "draining", "drained"]
@@ -16,7 +17,7 @@ MAX_PAGE = 1000
 
 class PromptSummary(_Answer):
     id: str
-    prompt: str
+    prompt: StoredPrompt   # text, or chat messages
     task: str
     state: PromptState
     posterior: Posterior

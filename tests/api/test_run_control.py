@@ -30,6 +30,15 @@ async def test_listing_pages_through_every_prompt_with_posteriors(api):
     assert seen["p1"]["posterior"]["alpha"] == 1.0 and seen["p1"]["history"]["groups"] == 0
 
 
+async def test_listing_shows_a_chat_prompt_as_its_messages(api):
+    # the listing's model once took only text: one chat prompt made GET /prompts a 500
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    await api.ok("POST", "/prompts", {"prompts": [{"id": "chat", "prompt": messages}]})
+    page = await api.ok("GET", "/prompts")
+    (listed,) = [p for p in page["prompts"] if p["id"] == "chat"]
+    assert listed["prompt"] == messages
+
+
 async def test_a_disabled_prompt_is_not_opened_until_enabled(api):
     await api.add(prompt_spec("only", "mixed"))
     assert await api.ok("PATCH", "/prompts/only", {"enabled": False}) == {

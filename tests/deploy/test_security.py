@@ -33,7 +33,7 @@ ANSWER = "ANSWER-Kd93Lp"
 COMPLETION = "COMPLETION-Vb52Hs the jar holds many"
 SECRETS = (*TOKENS.values(), PROMPT, ANSWER, COMPLETION, "Xy7QmZ3", "Kd93Lp", "Vb52Hs")
 POST_ROUTES = ("/prompts", "/leases", "/results", "/leases/l1/heartbeat", "/batches/next",
-               "/batches/b1/ack", "/policy")
+               "/batches/b1/ack", "/policy", "/run")
 
 
 def bearer(role: str) -> dict[str, str]:

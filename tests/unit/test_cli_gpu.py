@@ -41,7 +41,7 @@ def test_train_gpu_flags_reach_the_config(monkeypatch):
 
     seen = {}
 
-    def fake_train(config, url, token):
+    def fake_train(config, url, token, on_step=None):
         seen["config"] = config
         raise KeyboardInterrupt
 
