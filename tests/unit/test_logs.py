@@ -62,7 +62,12 @@ def test_configure_from_env_writes_json_lines_to_stderr(root_handlers, monkeypat
     monkeypatch.setenv("SARA_LOG_FORMAT", "json")
     assert configure_logging("info", None, run="ns", worker_id="w1") == "json"
     configure_logging("info", None, run="ns", worker_id="w1")  # twice: still one handler
-    logging.getLogger("sara.worker").info("lease %s lost", "l1", extra={"lease_id": "l1"})
+    worker_log = logging.getLogger("sara.worker")
+    # an earlier test's uvicorn or dictConfig may have disabled or detached existing loggers
+    monkeypatch.setattr(worker_log, "disabled", False)
+    monkeypatch.setattr(worker_log, "propagate", True)
+    monkeypatch.setattr(worker_log, "level", logging.NOTSET)
+    worker_log.info("lease %s lost", "l1", extra={"lease_id": "l1"})
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
     assert json.loads(lines[0]) | {"ts": None} == {
