@@ -67,6 +67,7 @@ def test_configure_from_env_writes_json_lines_to_stderr(root_handlers, monkeypat
     monkeypatch.setattr(worker_log, "disabled", False)
     monkeypatch.setattr(worker_log, "propagate", True)
     monkeypatch.setattr(worker_log, "level", logging.NOTSET)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)  # logging.disable()
     worker_log.info("lease %s lost", "l1", extra={"lease_id": "l1"})
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1

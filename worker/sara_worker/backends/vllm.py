@@ -261,7 +261,8 @@ class VLLMBackend(ObservableProgress, BaseBackend):
             if self.engine is None:  # not started yet: start on the checkpoint itself
                 self.policy_version, self.checkpoint = version, checkpoint
                 self.engine = await self._build(checkpoint)
-            elif self.plan is not None and self.plan.path == "rebuild":
+            elif self.weight_update == "rebuild" or (self.plan is not None
+                                                     and self.plan.path == "rebuild"):
                 await self._rebuild(checkpoint)
             else:
                 try:

@@ -58,9 +58,16 @@ def worker_reload_supported() -> bool | None:
     if method is None:
         return False
     try:
-        return "weights_path" in inspect.signature(method).parameters
+        params = inspect.signature(method).parameters
     except (TypeError, ValueError):
         return None
+    if "weights_path" in params:
+        return True
+    # vLLM 0.32's reload_weights(*args, **kwargs) forwards to the model runner: its signature
+    # cannot say, so try in place (a failed reload still falls back to a rebuild under auto)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return False
 
 
 def plan_weight_updates(engine: Any, requested: str, worker_reload: bool | None
