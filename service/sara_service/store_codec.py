@@ -14,7 +14,8 @@ from typing import Any
 from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT, meta_problem
 
 
-def _s(value: Any) -> str:
+def text(value: Any) -> str:
+    """A value as Redis answered it (bytes), as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -23,11 +24,11 @@ def stored_int(value: Any, default: int = 0) -> int:
     past 2**53 ('inf'), clamped to what the door now accepts, so a reader never fails on it."""
     if value is None or value == b"" or value == "":
         return default
-    text = _s(value)
+    raw = text(value)
     try:
-        return int(text)
+        return int(raw)
     except ValueError:
-        number = float(text)  # a ValueError here is data no release wrote
+        number = float(raw)  # a ValueError here is data no release wrote
     if math.isnan(number):
         return default
     return int(max(-MAX_STORED_INT, min(MAX_STORED_INT, number)))

@@ -12,7 +12,7 @@ from .errors import StoreUnavailable
 T = TypeVar("T")
 
 
-def _unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Turn Redis being unreachable or read-only into StoreUnavailable (the API answers 503)."""
 
     @functools.wraps(fn)

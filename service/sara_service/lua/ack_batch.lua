@@ -1,7 +1,7 @@
 -- Confirm a batch was consumed: it will not be redelivered, and its groups may be collected.
 -- KEYS[1] = batch hash   KEYS[2] = unacked zset   KEYS[3] = stats hash
 -- KEYS[4] = group_states hash   KEYS[5] = gc zset
--- ARGV[1] = now   ARGV[2] = batch id   ARGV[3] = retention seconds
+-- ARGV[1] = now   ARGV[2] = batch_id   ARGV[3] = retention_s
 -- returns 'unknown' | 'already' | 'ok'
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'unknown' end

@@ -1,7 +1,7 @@
 -- Register prompts; an id seen before is left as it is (idempotent on id).
 -- KEYS[1] = prompts hash   KEYS[2] = posteriors hash
--- KEYS[3] = prompts_off hash   KEYS[4] = retired prompts hash (a deleted id added again is new)
--- ARGV[1] = initial posterior JSON   ARGV[2..] = prompt id, prompt JSON, prompt id, prompt JSON, ...
+-- KEYS[3] = prompts_off hash   KEYS[4] = prompts_retired hash (a deleted id added again is new)
+-- ARGV[1] = initial_posterior (JSON)   ARGV[2..] = prompt_id, prompt_json, ... (a pair per prompt)
 -- returns {number of prompts that were new, {ids already stored with another encoding}}; the
 --         caller compares those decoded (the same content may be encoded in another key order)
 local created, differs = 0, {}

@@ -1,20 +1,19 @@
 -- Apply a worker's rollout results and decide each touched group: COMMIT, ABANDON or CONTINUE.
 -- KEYS[1] = slots hash      KEYS[2] = inflight zset     KEYS[3] = pending list
--- KEYS[4] = stats hash      KEYS[5] = open-groups zset  KEYS[6] = ready list
--- KEYS[7] = posteriors hash KEYS[8] = cancels hash      KEYS[9] = abandon histogram hash
+-- KEYS[4] = stats hash      KEYS[5] = open_groups zset  KEYS[6] = ready list
+-- KEYS[7] = posteriors hash KEYS[8] = cancels hash      KEYS[9] = abandon_hist hash
 -- KEYS[10] = workers zset   KEYS[11] = worker_info hash KEYS[12] = policy hash
 -- KEYS[13] = gc zset        KEYS[14] = group_states hash      KEYS[15] = prompts hash
--- KEYS[16] = this report's stored answer (a string; used when ARGV[9] > 0)
+-- KEYS[16] = report string (this report's stored answer; used when ARGV[9] > 0)
 -- KEYS[17..] = hashes of the groups the results belong to
--- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = posterior decay per policy version
--- ARGV[4] = prior alpha   ARGV[5] = prior beta   ARGV[6] = retention seconds
--- ARGV[7] = posterior half-life in epochs of the pool (0: none)
--- ARGV[8] = number of results   ARGV[9] = seconds to keep this report's answer (0: no report id)
--- ARGV[10] = 1 when the worker id is authenticated (per-worker credentials): a result for a
---            rollout that another worker holds is then ignored (counted as a duplicate)
--- then 6 per result:
---           rollout id, index of its group key in KEYS, success (1/0/-1/-2), tokens,
---           policy version, JSON
+-- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = decay (of posteriors, per policy version)
+-- ARGV[4] = alpha0 (prior)   ARGV[5] = beta0 (prior)   ARGV[6] = retention_s
+-- ARGV[7] = half_life (of posteriors, in epochs of the pool; 0: none)
+-- ARGV[8] = count (of results)   ARGV[9] = report_ttl_s (keep this report's answer; 0: no id)
+-- ARGV[10] = holder_only: 1 when the worker id is authenticated (per-worker credentials): a
+--            result for a rollout that another worker holds is then ignored (a duplicate)
+-- ARGV[11..] = 6 per result: rollout_id, group_key_index, success, tokens, policy_version, json
+--           (group_key_index: where its group's hash is in KEYS; success: 1/0/-1/-2)
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
 --          released}, or {'replay', JSON of that answer} when this report id was applied before:

@@ -1,6 +1,6 @@
 -- Put rollouts whose lease ran out back at the front of the queue.
 -- KEYS[1] = inflight zset   KEYS[2] = slots hash   KEYS[3] = pending list   KEYS[4] = stats hash
--- ARGV[1] = now             ARGV[2] = most rollouts to handle in this call
+-- ARGV[1] = now             ARGV[2] = limit (most rollouts to handle in this call)
 -- returns the number of rollouts issued again
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued = 0

@@ -1,10 +1,10 @@
 -- Hand the trainer a batch: an expired unacked batch first, else a new one from the ready groups.
 -- KEYS[1] = ready list        KEYS[2] = unacked zset       KEYS[3] = stats hash
--- KEYS[4] = policy hash       KEYS[5] = new batch hash     KEYS[6] = batch window hash
--- KEYS[7] = recent batches list   KEYS[8] = group_states hash   KEYS[9] = gc zset
--- KEYS[10] = run state string   KEYS[11] = open groups zset
--- ARGV[1] = now   ARGV[2] = groups wanted   ARGV[3] = ack deadline   ARGV[4] = max staleness
--- ARGV[5] = rollout cap per batch (0 = none)   ARGV[6] = new batch id   ARGV[7] = retention s
+-- KEYS[4] = policy hash       KEYS[5] = batch hash (new)     KEYS[6] = batch_window hash
+-- KEYS[7] = recent_batches list   KEYS[8] = group_states hash   KEYS[9] = gc zset
+-- KEYS[10] = run_state string   KEYS[11] = open_groups zset
+-- ARGV[1] = now   ARGV[2] = size (groups wanted)   ARGV[3] = ack_deadline   ARGV[4] = max_staleness
+-- ARGV[5] = rollout_cap (per batch; 0 = none)   ARGV[6] = batch_id (new)   ARGV[7] = retention_s
 -- returns {'redeliver', batch id} | {'none'} | {'new', batch id}
 local now, want = tonumber(ARGV[1]), tonumber(ARGV[2])
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)

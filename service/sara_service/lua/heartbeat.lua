@@ -1,8 +1,8 @@
 -- Extend a lease: every rollout it still holds gets the new expiry.
--- KEYS[1] = lease hash   KEYS[2] = lease rollouts set   KEYS[3] = inflight zset
+-- KEYS[1] = lease hash   KEYS[2] = lease_rollouts set   KEYS[3] = inflight zset
 -- KEYS[4] = slots hash   KEYS[5] = cancels hash         KEYS[6] = workers zset
--- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = new expiry
--- ARGV[5] = key ttl in seconds (the lease keys must outlive every extension)
+-- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = lease_id   ARGV[4] = expires_at (new)
+-- ARGV[5] = key_ttl_s (the lease keys must outlive every extension)
 -- returns {'unknown'} (no such lease, or it holds no rollout any more: all answered or expired
 --         and issued again) | {'not_yours', owner} | {'ok', cancel ids (space separated)}
 local owner = redis.call('HGET', KEYS[1], 'worker')

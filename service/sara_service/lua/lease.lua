@@ -1,11 +1,11 @@
 -- Lease up to N pending rollouts to one worker, and hand it its cancel list.
 -- KEYS[1] = pending list        KEYS[2] = slots hash        KEYS[3] = inflight zset
 -- KEYS[4] = stats hash          KEYS[5] = cancels hash      KEYS[6] = lease hash
--- KEYS[7] = lease rollouts set  KEYS[8] = workers zset      KEYS[9] = group_prompt hash
+-- KEYS[7] = lease_rollouts set  KEYS[8] = workers zset      KEYS[9] = group_prompt hash
 -- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
--- KEYS[13] = run state string  KEYS[14] = retired prompts hash (content of deleted prompts)
--- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = max rollouts
--- ARGV[5] = lease expiry time   ARGV[6] = key ttl in seconds   ARGV[7] = backend name ('' = unknown)
+-- KEYS[13] = run_state string  KEYS[14] = prompts_retired hash (content of deleted prompts)
+-- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = lease_id   ARGV[4] = max_rollouts
+-- ARGV[5] = expires_at (of the lease)   ARGV[6] = key_ttl_s   ARGV[7] = backend ('' = unknown)
 -- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated)}
 local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local held = 'l|' .. lid .. '|' .. wid

@@ -1,17 +1,17 @@
 -- Open new groups while the flow-control target allows, and queue their first rollouts.
--- KEYS[1] = stats hash           KEYS[2] = open-groups zset (group -> p_eff)
+-- KEYS[1] = stats hash           KEYS[2] = open_groups zset (group -> p_eff)
 -- KEYS[3] = ready list           KEYS[4] = pending list
 -- KEYS[5] = slots hash           KEYS[6] = group_states hash
 -- KEYS[7] = group_prompt hash    KEYS[8] = posteriors hash
--- KEYS[9] = run state string      KEYS[10] = prompts_off hash (disabled / deleted prompts)
+-- KEYS[9] = run_state string      KEYS[10] = prompts_off hash (disabled / deleted prompts)
 -- KEYS[10 + i] = hash of the i-th candidate group
--- ARGV[1] = now                  ARGV[2] = flow target (prefetch_batches x batch_size)
--- ARGV[3] = JSON list of group specs, in the order to open them:
+-- ARGV[1] = now                  ARGV[2] = flow_target (prefetch_batches x batch_size)
+-- ARGV[3] = specs: JSON list of group specs, in the order to open them:
 --           {gid, pid, k, thr_f, thr_s, issue, pf, ps, deliver_sat, commit}
--- ARGV[4] = prompts skipped before any rollout (counted only)
--- ARGV[5] = audit fraction: the share of groups that, should SARA decide to abandon them, are
+-- ARGV[4] = skipped: prompts skipped before any rollout (counted only)
+-- ARGV[5] = audit_fraction: the share of groups that, should SARA decide to abandon them, are
 --           completed to k instead so the run can measure what abandoning loses
--- ARGV[6] = seed of the audit draw
+-- ARGV[6] = seed (of the audit draw)
 -- returns the number of specs consumed (a prefix of the list: the rest did not fit): opened, or
 --         passed over because their prompt is disabled or deleted. 0 while the run is paused or
 --         draining: the check lives here so no replica can open a group after a pause is set.

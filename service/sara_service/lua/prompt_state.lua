@@ -1,8 +1,8 @@
 -- Disable, enable or delete one prompt. A disabled or deleted prompt is never opened again
 -- (open_groups.lua reads KEYS[3]); its groups in flight finish normally.
 -- KEYS[1] = prompts hash   KEYS[2] = posteriors hash   KEYS[3] = prompts_off hash
--- KEYS[4] = retired prompts hash
--- ARGV[1] = 'disable' | 'enable' | 'delete'   ARGV[2] = prompt id
+-- KEYS[4] = prompts_retired hash
+-- ARGV[1] = action: 'disable' | 'enable' | 'delete'   ARGV[2] = prompt_id
 -- returns 'unknown' (no such prompt) or the prompt's state now: 'disabled' | 'enabled' | 'deleted'
 local action, pid = ARGV[1], ARGV[2]
 local content = redis.call('HGET', KEYS[1], pid)

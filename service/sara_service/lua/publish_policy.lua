@@ -1,6 +1,6 @@
 -- Publish a new policy version; versions only move forward.
 -- KEYS[1] = policy hash
--- ARGV[1] = new version   ARGV[2] = checkpoint ('' = none)   ARGV[3] = now
+-- ARGV[1] = version (new)   ARGV[2] = checkpoint ('' = none)   ARGV[3] = now
 -- returns {'ok', version} | {'stale', current version}
 -- A stored version past 2**53 (or inf, NaN: an older release let 10**400 in) is one no publish
 -- could ever pass any more; the next publish replaces it.

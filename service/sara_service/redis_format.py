@@ -1,0 +1,250 @@
+"""The Redis format in one place: what the stored values and short field names mean, the status
+words the Lua scripts answer, and each script's KEYS and ARGV order.
+
+Key names are built in `keys.py`; what is stored under them is defined here. The Lua scripts in
+`lua/` write the same format (Lua cannot import Python): `tests/unit/test_redis_format.py` parses
+each script's header and its KEYS[i]/ARGV[i] uses and checks them against `SCRIPTS`, so a script
+changed without this table fails CI. The store (`store*.py`) is the only reader and writer.
+
+Slot states (the `slots` hash, rollout id -> state):
+
+    p                    pending: queued in `pending`, waiting for a worker
+    l|<lease>|<worker>   leased: held by <worker> under <lease>, expiry in `inflight`
+    d                    done: its result is stored in the group (`r:<slot>`)
+    d|<worker>           done while <worker> held a re-issued copy, now cancelled: that worker's
+                         own answer counts as late, anyone else's as a duplicate
+    c                    cancelled: its group was decided without it
+    (absent)             unissued (or collected)
+
+Group hash fields (`group:<id>`):
+
+    prompt_id, k, issued, done, cancelled, created_at   as named
+    s, f                 successes, failures among the done slots
+    thr_f, thr_s         abandon after this many failures (successes) with no success (failure)
+    pf:<n>, ps:<n>       p_eff (chance the group ends mixed) after n failures (successes) only
+    p_eff                the current p_eff (1 once committed)
+    min_v                oldest policy version among the stored results
+    deliver_sat          1: a saturated (all-equal) group is delivered, not dropped (uniform)
+    commit               'complete' (a committed group gets all k) or 'partial' (what is issued)
+    audit, audited       1: run on to k at the abandonment point (chosen / started)
+    r:<slot>             the slot's result JSON (RolloutResult)
+    learned:<slot>       1 once the slot taught its prompt's posterior
+    errors:<slot>        worker errors reported for the slot
+
+Posterior JSON fields (`posteriors` hash, prompt id -> JSON):
+
+    a, b                 Beta(alpha, beta) over the prompt's success rate
+    v                    newest policy version it has seen (decay per version runs from it)
+    t                    pool clock (epochs) it was last updated at (half-life runs from it)
+    groups               groups opened for the prompt; last: the newest group's id
+    committed, abandoned, saturated   groups that ended so
+    rollouts, successes  outcomes it learned from
+    obs                  last 16 [version, 'F'|'M'|'S', q?]: group outcomes (q: the chance an
+                         abandoned group would have ended mixed), read by DPS selection
+
+Other values: `ready` entries are `<group>|<min_v>|<done>` (min_v '' when no result carried a
+version); `cancels` maps a worker to space-separated rollout ids; `workers:info` fields are
+`<worker>|<name>` (completed, tokens, policy_version, leases, first_seen, backend); a batch hash
+holds groups (comma-separated ids), policy_version, created_at, state, stats (JSON), rollouts,
+estimate (JSON), acked_at; a lease hash holds worker, expires_at, policy_version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+# --- slot states ---------------------------------------------------------------------------------
+
+PENDING, DONE, CANCELLED = "p", "d", "c"
+LEASED_PREFIX, DONE_COPY_PREFIX = "l|", "d|"
+SLOT_KINDS = ("unissued", "pending", "leased", "done", "cancelled")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A decoded slot state: kind is one of SLOT_KINDS; `worker_id` is the holder of a leased
+    slot, or of the cancelled copy of a `d|<worker>` one."""
+
+    kind: str
+    lease_id: str | None = None
+    worker_id: str | None = None
+
+
+def leased(lease_id: str, worker_id: str) -> str:
+    return f"{LEASED_PREFIX}{lease_id}|{worker_id}"
+
+
+def decode_slot(raw: str | None) -> Slot:
+    if raw is None:
+        return Slot("unissued")
+    if raw.startswith(LEASED_PREFIX):
+        # lease ids hold no '|' (ids are [A-Za-z0-9_.:-]); the worker id is the rest
+        _, lease_id, worker_id = raw.split("|", 2)
+        return Slot("leased", lease_id, worker_id)
+    if raw.startswith(DONE_COPY_PREFIX):
+        return Slot("done", worker_id=raw[len(DONE_COPY_PREFIX):])
+    return Slot({PENDING: "pending", DONE: "done", CANCELLED: "cancelled"}[raw])
+
+
+# --- hash fields ---------------------------------------------------------------------------------
+
+
+class GroupField:
+    """Field names of a group hash (see the module docstring)."""
+
+    prompt_id, k, issued, done, cancelled = "prompt_id", "k", "issued", "done", "cancelled"
+    successes, failures = "s", "f"
+    abandon_after_failures, abandon_after_successes = "thr_f", "thr_s"
+    p_eff, oldest_policy_version, created_at = "p_eff", "min_v", "created_at"
+    deliver_saturated, commit, audit, audited = "deliver_sat", "commit", "audit", "audited"
+
+    @staticmethod
+    def result(slot: int) -> str:
+        return f"r:{slot}"
+
+    @staticmethod
+    def p_eff_after_failures(n: int) -> str:
+        return f"pf:{n}"
+
+    @staticmethod
+    def p_eff_after_successes(n: int) -> str:
+        return f"ps:{n}"
+
+
+class PosteriorField:
+    """Field names of a posterior JSON (see the module docstring)."""
+
+    alpha, beta, version, clock = "a", "b", "v", "t"
+    groups, last_group, committed, abandoned, saturated = (
+        "groups", "last", "committed", "abandoned", "saturated")
+    rollouts, successes, observations = "rollouts", "successes", "obs"
+
+
+def initial_posterior(alpha0: float, beta0: float, version: int) -> dict[str, Any]:
+    return {PosteriorField.alpha: alpha0, PosteriorField.beta: beta0,
+            PosteriorField.version: version}
+
+
+PROMPT_FIELDS = ("prompt", "answer", "task", "meta")  # a stored prompt's JSON
+WORKER_INFO_FIELDS = ("completed", "tokens", "policy_version", "leases", "first_seen", "backend")
+# counters renamed for what they hold; a namespace written by an older release keeps its figures
+RENAMED_COUNTERS = {"rollouts_saved_vs_ds": "rollouts_not_spent_on_abandoned_groups"}
+
+
+def worker_info_field(worker_id: str, name: str) -> str:
+    return f"{worker_id}|{name}"
+
+
+def split_worker_info(fields: dict[str, str]) -> dict[str, dict[str, str]]:
+    """`workers:info` as worker id -> {name: value}. Worker ids may hold '|': the name is what
+    follows the last one."""
+    out: dict[str, dict[str, str]] = {}
+    for field, value in fields.items():
+        wid, _, name = field.rpartition("|")
+        out.setdefault(wid, {})[name] = value
+    return out
+
+
+def split_ids(encoded: str, sep: str = " ") -> list[str]:
+    """A cancel list (space-separated) or a batch's groups (comma-separated)."""
+    return [x for x in encoded.split(sep) if x]
+
+
+# --- states and status words ---------------------------------------------------------------------
+
+GROUP_STATES = ("open", "committed", "ready", "delivered", "acked", "abandoned", "dropped")
+DECISIONS = ("commit", "abandon", "continue")
+RUN_STATES = ("paused", "draining")  # the run_state string; absent: running
+OFF_STATES = ("disabled", "deleted")  # the prompts_off hash
+
+
+class Reply:
+    """Status words the scripts answer (each script's own set: ScriptSpec.replies)."""
+
+    OK, UNKNOWN, ALREADY, REPLAY = "ok", "unknown", "already", "replay"
+    NOT_YOURS, STALE = "not_yours", "stale"
+    NEW, REDELIVER, NONE = "new", "redeliver", "none"
+
+
+# --- scripts -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """One Lua script's calling convention.
+
+    `keys` are KEYS[1..n] by name: a `Keys` property of the namespace, or (lease, lease_rollouts,
+    report, batch) a per-id key the caller passes by that name. `more_keys` names what KEYS[n+1..]
+    hold, one per item; `args` are ARGV[1..m] and `more_args` the ARGV repeated per item after
+    them. `replies` are the words the script may answer (statuses; decisions, for apply_results).
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    more_keys: str | None = None
+    more_args: tuple[str, ...] = ()
+    replies: tuple[str, ...] = ()
+
+    @property
+    def first_more_key(self) -> int:
+        """The KEYS index (from 1, as Lua counts) of the first per-item key."""
+        return len(self.keys) + 1
+
+    def key_list(self, keys: Any, more: Sequence[str] = (), **per_id: str) -> list[str]:
+        """KEYS in order: each name from `per_id` when given, else the namespace's property."""
+        unknown = set(per_id) - set(self.keys)
+        if unknown:
+            raise TypeError(f"{self.name}.lua takes no key {sorted(unknown)}")
+        out = [per_id[name] if name in per_id else getattr(keys, name) for name in self.keys]
+        if any(not isinstance(k, str) for k in out):
+            raise TypeError(f"{self.name}.lua: a per-id key was not given")
+        if more and self.more_keys is None:
+            raise TypeError(f"{self.name}.lua takes no per-item keys")
+        return out + list(more)
+
+    def arg_list(self, more: Sequence[Any] = (), **values: Any) -> list[Any]:
+        """ARGV in order from `values` by name, then the per-item ones."""
+        if set(values) != set(self.args):
+            raise TypeError(f"{self.name}.lua ARGV: missing {sorted(set(self.args) - set(values))}"
+                            f", unknown {sorted(set(values) - set(self.args))}")
+        return [values[name] for name in self.args] + list(more)
+
+
+def _spec(name: str, keys: str, args: str, **more: Any) -> ScriptSpec:
+    return ScriptSpec(name, tuple(keys.split()), tuple(args.split()), **more)
+
+
+SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
+    _spec("add_prompts", "prompts posteriors prompts_off prompts_retired", "initial_posterior",
+          more_args=("prompt_id", "prompt_json")),
+    _spec("prompt_state", "prompts posteriors prompts_off prompts_retired", "action prompt_id",
+          replies=("unknown", "disabled", "enabled", "deleted")),
+    _spec("refill_epoch", "epoch_queue epoch", "seen_epoch", more_args=("prompt_id",)),
+    _spec("open_groups", "stats open_groups ready pending slots group_states group_prompt "
+          "posteriors run_state prompts_off",
+          "now flow_target specs skipped audit_fraction seed", more_keys="group"),
+    _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
+          "group_prompt prompts worker_info policy run_state prompts_retired",
+          "now worker_id lease_id max_rollouts expires_at key_ttl_s backend"),
+    _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",
+          "now worker_id lease_id expires_at key_ttl_s", replies=("unknown", "not_yours", "ok")),
+    _spec("expire_leases", "inflight slots pending stats", "now limit"),
+    _spec("apply_results", "slots inflight pending stats open_groups ready posteriors cancels "
+          "abandon_hist workers worker_info policy gc group_states prompts report",
+          "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only",
+          more_keys="group",
+          more_args=("rollout_id", "group_key_index", "success", "tokens", "policy_version",
+                     "json"),
+          replies=("replay", "unknown", "ok", *DECISIONS)),
+    _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
+          "group_states gc run_state open_groups",
+          "now size ack_deadline max_staleness rollout_cap batch_id retention_s",
+          replies=("redeliver", "none", "new")),
+    _spec("ack_batch", "batch unacked stats group_states gc", "now batch_id retention_s",
+          replies=("unknown", "already", "ok")),
+    _spec("publish_policy", "policy", "version checkpoint now", replies=("stale", "ok")),
+    _spec("prune_workers", "workers worker_info cancels", "seen_before limit"),
+)}
+
