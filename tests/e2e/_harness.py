@@ -41,6 +41,7 @@ import redis
 from sara_client import AsyncSaraClient, Batch, StatsResponse
 from sara_service.embedded import free_port
 from sara_service.keys import Keys, split_rollout_id
+from sara_service.redis_format import decode_slot
 
 SUCCESS_THRESHOLD = 0.5  # the service's default success_threshold: reward >= this is a success
 
@@ -288,9 +289,6 @@ def load_synthetic(url: str, n: int, seed: int) -> None:
     assert f"loaded {n} prompts ({n} new)" in out.stdout, out.stdout
 
 
-SLOT_NAMES = {b"p": "pending", b"d": "done", b"c": "cancelled"}
-
-
 def slot_values(redis_url: str, namespace: str) -> list[bytes]:
     """Every rollout slot's raw state in the namespace, straight from the slots hash."""
     client = redis.Redis.from_url(redis_url)
@@ -301,8 +299,10 @@ def slot_values(redis_url: str, namespace: str) -> list[bytes]:
 
 
 def slot_counts(redis_url: str, namespace: str) -> collections.Counter:
-    """Count every rollout slot of the namespace by state, straight from Redis."""
-    return collections.Counter("leased" if v.startswith(b"l|") else SLOT_NAMES.get(v, repr(v))
+    """Count every rollout slot of the namespace by kind (pending, leased, done, cancelled:
+    redis_format.decode_slot; 'd|<worker>', answered while <worker> held a cancelled copy, is
+    done), straight from the slots hash of the serve processes' Redis."""
+    return collections.Counter(decode_slot(v.decode()).kind
                                for v in slot_values(redis_url, namespace))
 
 

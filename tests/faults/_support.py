@@ -42,9 +42,10 @@ from sara_client import (
     StatsResponse,
 )
 from sara_service.keys import Keys, split_rollout_id
+from sara_service.redis_format import decode_slot
 
 from tests.e2e._harness import (
-    SLOT_NAMES, SUCCESS_THRESHOLD, BernoulliWorker, ServeProcess, _die_with_parent, slot_values,
+    SUCCESS_THRESHOLD, BernoulliWorker, ServeProcess, _die_with_parent, slot_counts,
 )
 
 SLOT_STATES = {"pending", "leased", "done", "cancelled"}
@@ -278,18 +279,9 @@ def check_drained(stats: StatsResponse, slots: collections.Counter) -> None:
 
 
 def count_slots(redis_url: str, namespace: str) -> collections.Counter:
-    """Every rollout slot of the namespace by state, straight from the slots hash.
-
-    Like the e2e harness' `slot_counts`, plus 'd|<worker>': answered while <worker> held a copy
-    issued again after an expired lease (a done slot; the copy was cancelled)."""
-    def state(v: bytes) -> str:
-        if v.startswith(b"l|"):
-            return "leased"
-        if v.startswith(b"d|"):
-            return "done"
-        return SLOT_NAMES.get(v, repr(v))
-
-    return collections.Counter(state(v) for v in slot_values(redis_url, namespace))
+    """Every rollout slot of the namespace by kind, straight from the slots hash (the e2e
+    harness' `slot_counts`)."""
+    return slot_counts(redis_url, namespace)
 
 
 async def snapshot(client: Any, redis_url: str, namespace: str
@@ -328,8 +320,8 @@ def held_by(redis_url: str, namespace: str, worker_id: str) -> set[str]:
         raw = client.hgetall(Keys(namespace).slots)
     finally:
         client.close()
-    suffix = f"|{worker_id}".encode()
-    return {rid.decode() for rid, st in raw.items() if st.startswith(b"l|") and st.endswith(suffix)}
+    slots = {rid.decode(): decode_slot(st.decode()) for rid, st in raw.items()}
+    return {rid for rid, s in slots.items() if s.kind == "leased" and s.worker_id == worker_id}
 
 
 def slot_states(redis_url: str, namespace: str, rollout_ids: list[str]) -> dict[str, str | None]:

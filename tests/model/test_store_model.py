@@ -4,9 +4,10 @@ Hypothesis drives random interleavings of leases, results (first answers, duplic
 cancelled slots, answers for slots another worker holds, unknown ids), heartbeats, lease expiry
 (the fake clock moved past lease_ttl_s), maintenance, batch formation, acks, redelivery (the clock
 moved past batch_ack_timeout_s) and policy publishes, through `Scheduler` over a `Store` on the
-real Redis of the test session. The model applies the rules of DESIGN.md sections 1 and 4 for
-policy `sara`, k = 4, tau_low = 0.5, prior = uniform (one fixed prior for every group: Beta(1, 1),
-and Beta(1, 2) whose unequal thresholds also exercise the "continue: issue more" path): the
+real Redis of the test session. The model applies the rules of docs/architecture.md ("The
+decision path", "Counters and figures") for policy `sara`, k = 4, tau_low = 0.5, prior = uniform
+(one fixed prior for every group: Beta(1, 1), and Beta(1, 2) whose unequal thresholds also
+exercise the "continue: issue more" path): the
 decisions come from `allocation.plan_group` / `allocation.decide`, not from the Lua scripts under
 test. (Under complete-to-k no probe is ever outstanding when a group is abandoned, so the
 "cancel in-flight rollouts" path only shows up as re-issued copies cancelled by a first answer.)
@@ -49,6 +50,7 @@ from sara_service import scheduler as scheduler_module
 from sara_service.allocation import GroupPlan, decide, plan_group
 from sara_service.errors import Conflict, NotFound
 from sara_service.keys import Keys, split_rollout_id
+from sara_service.redis_format import decode_slot
 from sara_service.scheduler import Scheduler
 from sara_service.settings import Settings
 from sara_service.store import Store
@@ -237,7 +239,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.count("rollouts_cancelled", n)
 
     def decide_open(self, g: Group) -> str:
-        """DESIGN.md section 1 through the Python reference, applied to an open group."""
+        """The allocation rule (docs/architecture.md, "The decision path") through the Python
+        reference, applied to an open group."""
         d = decide(g.done, g.s, K, self.alpha0, self.beta0, TAU_LOW)
         event(f"decision: {d}")
         self.count(f"decisions_{d}")
@@ -570,7 +573,7 @@ class StoreMachine(RuleBasedStateMachine):
         slots = {_s(a): _s(b) for a, b in slots.items()}
 
         # issued = completed + cancelled + in flight, from Redis' own slot states
-        in_flight = sum(1 for v in slots.values() if v == "p" or v.startswith("l|"))
+        in_flight = sum(1 for v in slots.values() if decode_slot(v).kind in ("pending", "leased"))
         get = lambda name: stats.get(name, 0.0)
         assert get("rollouts_issued") == (get("rollouts_completed") + get("rollouts_cancelled")
                                           + in_flight)
