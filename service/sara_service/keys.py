@@ -7,6 +7,9 @@ prompt's posterior) lives in namespace-wide hashes keyed by that id, not in per-
 
 Keys built from a client's id are `<kind>:<id>` with a kind no other key starts with, and never
 carry a suffix after the id: ids may contain ':', so no id can name another id's key.
+
+What each key holds is said beside it; the encodings of the values and the short field names are
+defined, with their meaning, in `redis_format`.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ class Keys:
     def prompts(self) -> str:
         return self._k("prompts")
 
-    # posteriors: hash prompt_id -> JSON {a, b, v, groups, committed, abandoned, rollouts, successes, last}
+    # posteriors: hash prompt_id -> JSON {a, b, v, t, groups, last, committed, abandoned,
+    # saturated, rollouts, successes, obs} (redis_format.PosteriorField); removed on delete
     @property
     def posteriors(self) -> str:
         return self._k("posteriors")
@@ -62,7 +66,7 @@ class Keys:
     def prompts_retired(self) -> str:
         return self._k("prompts:retired")
 
-    # run state: string "paused" | "draining"; absent = running
+    # run state: string "paused" | "draining"; absent = running (`drained` is derived, not stored)
     @property
     def run_state(self) -> str:
         return self._k("run:state")
@@ -76,27 +80,31 @@ class Keys:
     def epoch(self) -> str:
         return self._k("epoch:n")
 
-    # slots: hash rollout_id -> "p" (pending) | "l|<lease>|<worker>" | "d" (done) | "c" (cancelled)
+    # slots: hash rollout_id -> "p" (pending) | "l|<lease>|<worker>" (leased) | "d" (done) |
+    # "d|<worker>" (done while <worker> held a cancelled copy) | "c" (cancelled): redis_format
     @property
     def slots(self) -> str:
         return self._k("slots")
 
-    # pending: list of rollout ids waiting for a worker (cancelled ones are skipped lazily)
+    # pending: list of rollout ids waiting for a worker, popped from the front (a slot cancelled or
+    # answered meanwhile stays in the list and is skipped when popped)
     @property
     def pending(self) -> str:
         return self._k("pending")
 
-    # inflight: zset rollout_id -> lease expiry time
+    # inflight: zset leased rollout_id -> its lease's expiry time
     @property
     def inflight(self) -> str:
         return self._k("inflight")
 
-    # open groups: zset group_id -> p_eff (1 once committed); their sum is the expected yield
+    # open groups: zset group_id -> expected yield: p_eff, or 1 once committed or when the plan
+    # delivers saturated groups; open_groups.lua adds their sum to the ready groups for flow control
     @property
     def open_groups(self) -> str:
         return self._k("groups:open")
 
-    # ready: list of "<group_id>|<oldest policy version>" complete and waiting for a batch
+    # ready: list of "<group_id>|<min_v>|<done>" (oldest policy version among its results, ''
+    # when none said; results stored) of groups complete and waiting for a batch, oldest first
     @property
     def ready(self) -> str:
         return self._k("groups:ready")
@@ -107,6 +115,7 @@ class Keys:
         return self._k("groups:gc")
 
     # group_states: hash group_id -> open|committed|ready|delivered|acked|abandoned|dropped
+    # (redis_format.GROUP_STATES)
     @property
     def group_states(self) -> str:
         return self._k("groups:state")
@@ -117,16 +126,19 @@ class Keys:
         return self._k("groups:prompt")
 
     def group(self, group_id: str) -> str:
-        """Hash of one group's counters, thresholds, p_eff tables and results."""
+        """Hash of one group's counters, thresholds, p_eff tables and results
+        (redis_format.GroupField)."""
         return self._k(f"group:{group_id}")
 
-    # cancels: hash worker_id -> space-separated rollout ids to abort, drained on each call
+    # cancels: hash worker_id -> space-separated rollout ids to abort, handed over and cleared by
+    # the worker's next lease, heartbeat or result report
     @property
     def cancels(self) -> str:
         return self._k("cancels")
 
     def lease(self, lease_id: str) -> str:
-        """Hash: worker, expires_at; set of its rollouts lives in `lease_rollouts`."""
+        """Hash: worker, expires_at, policy_version (current when granted); the set of its
+        rollouts lives in `lease_rollouts`. Expires key_ttl_s after the last grant or heartbeat."""
         return self._k(f"lease:{lease_id}")
 
     def lease_rollouts(self, lease_id: str) -> str:
@@ -141,27 +153,29 @@ class Keys:
         return self._k(f"report:{digest}")
 
     def batch(self, batch_id: str) -> str:
-        """Hash of one batch: groups (JSON list), policy_version, created_at, stats, state."""
+        """Hash of one batch: groups (comma-separated ids), policy_version, created_at, state
+        (delivered | acked), stats (JSON), rollouts; estimate (JSON) once noted; acked_at."""
         return self._k(f"batch:{batch_id}")
 
-    # unacked: zset batch_id -> redelivery deadline
+    # unacked: zset batch_id -> redelivery deadline (removed on ack)
     @property
     def unacked(self) -> str:
         return self._k("batches:unacked")
 
-    # recent batches: list of JSON summaries, newest first, trimmed
+    # recent batches: list of JSON summaries, newest first, trimmed to 100
     @property
     def recent_batches(self) -> str:
         return self._k("batches:recent")
 
-    # batch window: hash of counter values when the last batch was formed
+    # batch window: hash of some stats counters' values when the last batch was formed
     @property
     def batch_window(self) -> str:
         return self._k("batches:window")
 
     @property
     def stats(self) -> str:
-        """Hash of monotone counters (see models.Counters)."""
+        """Hash of monotone counters (see models.Counters): integers, and the float
+        expected_false_abandons / estimated_false_abandons."""
         return self._k("stats")
 
     @property
@@ -169,7 +183,8 @@ class Keys:
         """Hash: rollouts done at abandonment -> groups."""
         return self._k("stats:abandon_hist")
 
-    # workers: zset worker_id -> last seen; worker_info: hash worker_id -> JSON
+    # workers: zset worker_id -> last seen; worker_info: hash "<worker_id>|<name>" -> value, for
+    # name in completed, tokens, policy_version, leases, first_seen, backend
     @property
     def workers(self) -> str:
         return self._k("workers")
@@ -180,5 +195,5 @@ class Keys:
 
     @property
     def policy(self) -> str:
-        """Hash: version, checkpoint."""
+        """Hash: version, checkpoint ('' = none), published_at."""
         return self._k("policy")
