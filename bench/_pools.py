@@ -33,8 +33,8 @@ prompts (epoch selection visits each prompt equally often), so they are exact fo
 μ_s, μ_f are the sim backend's mean lengths: lognormal with median `success_median` /
 `failure_median` × max_tokens and shape σ, rounded, capped at max_tokens.
 
-The Beta-prior threshold math here is written from DESIGN.md, independently of
-`sara_service.allocation` (the test checks the two agree).
+The Beta-prior threshold math here is written from docs/architecture.md ("The decision path"),
+independently of `sara_service.allocation` (the test checks the two agree).
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ Each measured figure is printed beside what it should be:
   have closed-form expectations over the pool (`_pools.expectation`): rollouts per effective
   group, useful fraction, tokens, false-abandon rate. The benchmark checks the service against
   them.
-- **model**: a pure-Python reference scheduler (`ModelService`, written from DESIGN.md, no Redis)
-  run through the very same driver, `--model-reps` times on independent seeds. It gives the
+- **model**: a pure-Python reference scheduler (`ModelService`, written from
+  docs/architecture.md, no Redis) run through the very same driver, `--model-reps` times on independent seeds. It gives the
   expectation for methods without a closed form (history priors, DPS, MoPPS) and the sync rounds
   per batch of every method. One more run uses the service run's seeds: for epoch-selection
   methods it then makes the same decisions in the same order as the Lua scripts, so its figures
@@ -505,7 +505,8 @@ class _Plan:
 
 
 class ModelService:
-    """A pure-Python scheduler written from DESIGN.md: the same API as `ServiceApi`, no Redis.
+    """A pure-Python scheduler written from docs/architecture.md: the same API as `ServiceApi`,
+    no Redis.
 
     It follows the design's rules for plans, issuing, decisions, posteriors, flow control,
     selection, batches and staleness, and the service's documented orderings (decided groups'

@@ -302,7 +302,7 @@ class ErrorEnvelope(_Answer):
 
 
 class Counters(_Answer):
-    """Monotone counters of one namespace (DESIGN.md section 4)."""
+    """Monotone counters of one namespace (docs/architecture.md, "Counters and figures")."""
 
     rollouts_issued: int = 0
     rollouts_completed: int = 0

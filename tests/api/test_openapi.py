@@ -1,4 +1,4 @@
-"""/openapi.json documents every route of DESIGN.md section 3 and every wire model."""
+"""/openapi.json documents every route (docs/architecture.md, "Routes") and every wire model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.anyio
 
-# DESIGN.md section 3, less /dashboard.
+# docs/architecture.md, "Routes", less /dashboard, /run and the prompt listing and changes.
 ROUTES = {
     ("post", "/prompts"), ("get", "/prompts/{prompt_id}"), ("post", "/leases"),
     ("post", "/results"), ("post", "/leases/{lease_id}/heartbeat"), ("post", "/batches/next"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from sara_service import redis_format as rf
 from sara_service.keys import Keys
 
 LUA = resources.files("sara_service") / "lua"
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -111,3 +113,11 @@ def test_worker_info_fields_split_on_the_last_bar():
     assert rf.split_worker_info({"a|b|completed": "3", "a|b|tokens": "9", "c|leases": "1"}) == {
         "a|b": {"completed": "3", "tokens": "9"}, "c": {"leases": "1"}}
 
+
+def test_architecture_doc_explains_every_short_field():
+    text = ARCHITECTURE.read_text().replace("\\|", "|")  # a '|' in a table cell is escaped
+    short = [v for cls in (rf.GroupField, rf.PosteriorField) for k, v in vars(cls).items()
+             if not k.startswith("_") and isinstance(v, str)]
+    missing = [f for f in short + ["pf:<n>", "ps:<n>", "r:<slot>", "l|<lease>|<worker>",
+                                   "d|<worker>"] if f"`{f}`" not in text]
+    assert not missing
