@@ -54,6 +54,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .allocation import GroupPlan
+
 # --- slot states ---------------------------------------------------------------------------------
 
 PENDING, DONE, CANCELLED = "p", "d", "c"
@@ -119,6 +121,16 @@ class PosteriorField:
     groups, last_group, committed, abandoned, saturated = (
         "groups", "last", "committed", "abandoned", "saturated")
     rollouts, successes, observations = "rollouts", "successes", "obs"
+
+
+def group_spec(group_id: str, prompt_id: str, plan: GroupPlan, commit: str) -> dict[str, Any]:
+    """One entry of open_groups.lua's `specs` list: the group and the plan it seeds the group
+    hash with. The p_eff tables go as repr strings: the script stores them verbatim, so the `pf:n`
+    and `ps:n` fields read back as exactly the doubles Python computed."""
+    return {"gid": group_id, "pid": prompt_id, "k": plan.k, "thr_f": plan.after_failures,
+            "thr_s": plan.after_successes, "issue": plan.initial_issue,
+            "pf": [repr(x) for x in plan.p_eff_fail], "ps": [repr(x) for x in plan.p_eff_success],
+            "deliver_sat": int(plan.deliver_saturated), "commit": commit}
 
 
 def initial_posterior(alpha0: float, beta0: float, version: int) -> dict[str, Any]:

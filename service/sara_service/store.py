@@ -149,12 +149,7 @@ class Store(RunControl, StoreReads):
         About `audit_fraction` of them (chosen by a hash of seed, prompt and visit) run on to k
         where SARA would abandon them, so the run measures what abandoning loses.
         """
-        specs = [{"gid": gid, "pid": pid, "k": plan.k, "thr_f": plan.after_failures,
-                  "thr_s": plan.after_successes, "issue": plan.initial_issue,
-                  "pf": [repr(x) for x in plan.p_eff_fail],
-                  "ps": [repr(x) for x in plan.p_eff_success],
-                  "deliver_sat": int(plan.deliver_saturated), "commit": commit}
-                 for gid, pid, plan in groups]
+        specs = [rf.group_spec(gid, pid, plan, commit) for gid, pid, plan in groups]
         args = dict(now=now, flow_target=flow_target, specs=json.dumps(specs), skipped=skipped,
                     audit_fraction=repr(float(audit_fraction)), seed=seed)
         return int(await self._script("open_groups", args, more_keys=[

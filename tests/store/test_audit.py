@@ -18,7 +18,8 @@ async def open_one(store, gid, fraction):
 
 
 async def group_field(store, gid, field):
-    return (await store.redis.hget(store.keys.group(gid), field)).decode()
+    (row,) = await store.read_groups([gid])
+    return row[field]
 
 
 async def test_an_audited_group_runs_on_to_k_and_its_mixed_ending_is_delivered(store):

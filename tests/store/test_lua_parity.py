@@ -11,6 +11,7 @@ import pytest
 
 from sara_client.models import RolloutResult
 from sara_service.allocation import plan_group
+from sara_service.redis_format import GroupField
 from tests.allocation_cases import generate_cases
 
 pytestmark = pytest.mark.anyio
@@ -26,7 +27,8 @@ def _final_states(case: dict) -> set[str]:
 
 
 async def _issued(store, gid: str) -> int:
-    return int(await store.redis.hget(store.keys.group(gid), "issued"))
+    (row,) = await store.read_groups([gid])
+    return int(row[GroupField.issued])
 
 
 async def test_cases_cover_every_kind_of_ending():

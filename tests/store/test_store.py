@@ -9,6 +9,7 @@ import pytest
 from sara_client.models import PromptIn, RolloutResult
 from sara_service.allocation import decay_posterior, plan_group
 from sara_service.errors import Conflict, NotFound, UnknownRollouts
+from sara_service.redis_format import SCRIPTS
 
 pytestmark = pytest.mark.anyio
 
@@ -31,8 +32,7 @@ async def lease(store, worker, n, now=0.0, lease_id="L1", ttl=10.0):
 
 
 async def counters(store):
-    raw = await store.redis.hgetall(store.keys.stats)
-    return {k.decode(): float(v) for k, v in raw.items()}
+    return {name: float(v) for name, v in (await store.counters()).items()}
 
 
 async def test_add_prompts_is_idempotent_on_id(store):
@@ -57,9 +57,10 @@ async def test_epoch_visits_every_prompt_once_then_refills_once(store):
 
 async def test_refill_by_two_replicas_that_saw_the_same_epoch_happens_once(store):
     k = store.keys
-    script = store._scripts["refill_epoch"]
-    assert int(await script(keys=[k.epoch_queue, k.epoch], args=[0, "x", "y"])) == 1
-    assert int(await script(keys=[k.epoch_queue, k.epoch], args=[0, "y", "x"])) == 1
+    script, spec = store._scripts["refill_epoch"], SCRIPTS["refill_epoch"]
+    for order in (["x", "y"], ["y", "x"]):
+        args = spec.arg_list(order, seen_epoch=0)
+        assert int(await script(keys=spec.key_list(k), args=args)) == 1
     assert await store.redis.lrange(k.epoch_queue, 0, -1) == [b"x", b"y"]
 
 
