@@ -3,7 +3,8 @@
 tests/store and tests/api run whole on the cluster too (their `redis_url` is parametrized
 "single" / "cluster"); this module adds what only a cluster can show: each run's keys share one
 slot, two runs whose slots live on different masters progress at once, each touching only its
-own master, and an unreachable cluster is a 503 like an unreachable server.
+own master, blocking reads of a run's key (what long polls may wait on) wake through the
+cluster client, and an unreachable cluster is a 503 like an unreachable server.
 """
 
 from __future__ import annotations
@@ -129,6 +130,42 @@ async def test_a_cluster_no_node_of_which_answers_is_503(fake_clock):
         assert r.status_code == 503, r.text
         assert (await http.get("/readyz")).status_code == 503
     await app.state.scheduler.store.redis.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("command", ["xread", "blpop"])
+async def test_a_blocking_read_of_a_runs_key_wakes_through_the_cluster_client(redis_cluster_url,
+                                                                              command):
+    """Long polls may block on a run's key (a stream or a list): through the service's cluster
+    client such a read goes to the key's master and returns when another client writes."""
+    key = Keys("run-a").prefix + "wake-test"
+    reader = connect(redis_cluster_url, socket_timeout=5)
+    writer = connect(redis_cluster_url, socket_timeout=5)
+    try:
+        if command == "xread":
+            await writer.xadd(key, {"k": "old"})
+            read = asyncio.create_task(reader.xread({key: "$"}, block=3000))
+        else:
+            read = asyncio.create_task(reader.blpop([key], timeout=3))
+        await writer.initialize()
+        node = writer.get_node_from_key(key)
+        for _ in range(300):  # the read is parked once the key's master lists a blocked client
+            if (await writer.info("clients", target_nodes=node))["blocked_clients"]:
+                break
+            await asyncio.sleep(0.01)
+        if command == "xread":
+            await writer.xadd(key, {"k": "new"})
+        else:
+            await writer.rpush(key, "new")
+        got = await asyncio.wait_for(read, 5)
+        if command == "xread":
+            [[stream, [(_, fields)]]] = got
+            assert (stream, fields) == (key.encode(), {b"k": b"new"})
+        else:
+            assert tuple(got) == (key.encode(), b"new")
+    finally:
+        await reader.aclose()
+        await writer.aclose()
 
 
 def test_the_url_forms():
