@@ -9,18 +9,31 @@ service's cluster URL (`redis+cluster://`, see sara_service.redis_client).
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
 import redis
 from redis.cluster import RedisCluster
 
-from sara_service.embedded import EmbeddedRedis
+from sara_service.embedded import EmbeddedRedis, free_port
 from sara_service.redis_client import cluster_node_url
 
 SLOTS = 16384
 MASTERS = 3
 FORM_TIMEOUT_S = 60.0
+BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000
+MAX_PORT = 65535 - BUS_OFFSET
+ATTEMPTS = 50
+
+
+def _is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def slot_ranges(masters: int = MASTERS) -> list[range]:
@@ -40,9 +53,7 @@ class LocalCluster:
 
     def __init__(self, base_dir: str | Path) -> None:
         self.base_dir = Path(base_dir)
-        self.nodes = [EmbeddedRedis(self.base_dir / f"node{i}", extra_args=(
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", "5000", "--appendonly", "no")) for i in range(MASTERS)]
+        self.nodes: list[EmbeddedRedis] = []
         self.clients: list[redis.Redis] = []
 
     @property
@@ -52,8 +63,9 @@ class LocalCluster:
 
     def start(self) -> "LocalCluster":
         try:
-            for node in self.nodes:
-                node.start()
+            for i in range(MASTERS):
+                node = self._start_node(self.base_dir / f"node{i}")
+                self.nodes.append(node)
                 self.clients.append(redis.Redis(host=node.host, port=node.port,
                                                 decode_responses=True))
             self._form()
@@ -61,6 +73,23 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    @staticmethod
+    def _start_node(data_dir: Path) -> EmbeddedRedis:
+        """A cluster-mode server on a free port whose bus port (port + 10000, which Redis 6
+        cannot move) is free and valid too; a port taken meanwhile means another try."""
+        for _ in range(ATTEMPTS):
+            port = free_port()
+            if port > MAX_PORT or not _is_free(port + BUS_OFFSET):
+                continue
+            node = EmbeddedRedis(data_dir, port=port, extra_args=(
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "5000", "--appendonly", "no"))
+            try:
+                return node.start()
+            except RuntimeError:
+                continue
+        raise RuntimeError(f"no cluster node started in {data_dir} after {ATTEMPTS} ports")
 
     def _form(self) -> None:
         for epoch, (client, slots) in enumerate(zip(self.clients, slot_ranges()), start=1):
