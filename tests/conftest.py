@@ -3,7 +3,13 @@
 - `redis_server` (session): one real redis-server (EmbeddedRedis, AOF on) in a temporary dir on
   a free loopback port, for the whole test session; `.url`, `.port`, `.data_dir`.
 - `redis_url` (function): the URL of that server after FLUSHALL, so every test starts empty.
-  Tests that use it must not run in parallel against the same server.
+  Tests that use it must not run in parallel against the same server. (`single_redis_url` is
+  the same; tests/store and tests/api override `redis_url` with `redis_url_each`.)
+- `redis_cluster` (session): a real three-master Redis Cluster (tests/cluster/_local.py),
+  formed on first use; `.url` (`redis+cluster://...`), `.clients`, `.owner_of(key)`.
+- `redis_cluster_url` (function): its URL after FLUSHALL on every master.
+- `redis_url_each` (function, parametrized "single" / "cluster"): `single_redis_url`, then
+  `redis_cluster_url`: a test that takes it runs once on each.
 - `fake_clock` (function): a `FakeClock`, `clock()` -> seconds, `clock.advance(s)`, for injecting
   as the service's clock.
 - `anyio_backend`: "asyncio" for `@pytest.mark.anyio` tests.
@@ -50,7 +56,7 @@ def redis_server(tmp_path_factory):
 
 
 @pytest.fixture
-def redis_url(redis_server) -> str:
+def single_redis_url(redis_server) -> str:
     import redis
 
     client = redis.Redis.from_url(redis_server.url)
@@ -59,6 +65,34 @@ def redis_url(redis_server) -> str:
     finally:
         client.close()
     return redis_server.url
+
+
+@pytest.fixture
+def redis_url(single_redis_url) -> str:
+    return single_redis_url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    from tests.cluster._local import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster) -> str:
+    redis_cluster.flush()
+    return redis_cluster.url
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_url_each(request) -> str:
+    return request.getfixturevalue(
+        "single_redis_url" if request.param == "single" else "redis_cluster_url")
 
 
 @pytest.fixture

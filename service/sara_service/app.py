@@ -20,6 +20,7 @@ from sara_client.models import ErrorEnvelope
 from .errors import SaraServiceError, StoreUnavailable
 from .health import RedisHealth
 from .metrics import Metrics, RequestMetrics
+from .redis_client import connect
 from .routers import batches, dashboard, leases, observe, policy, prompts, results, runctl
 from .scheduler import Clock, Scheduler
 from .settings import Settings
@@ -232,8 +233,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
         if not settings.redis_url:
             raise ValueError("settings.redis_url is unset: start an embedded Redis first "
                              "(`sara serve` does) or pass redis=")
-        redis = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5,
-                                        socket_connect_timeout=2)
+        redis = connect(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
     scheduler = Scheduler(settings, Store(redis, settings.namespace), clock)
     health = RedisHealth(scheduler.clock, settings.redis_down_limit_s, embedded)
 

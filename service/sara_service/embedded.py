@@ -87,12 +87,13 @@ class EmbeddedRedis:
 
     def __init__(self, data_dir: str | os.PathLike, *, port: int | None = None,
                  host: str = "127.0.0.1", executable: str | None = None,
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0, extra_args: tuple[str, ...] = ()) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or 0
         self.executable = executable
         self.startup_timeout_s = startup_timeout_s
+        self.extra_args = tuple(extra_args)  # more redis-server options, e.g. cluster mode
         self.log_file = self.data_dir / "redis.log"
         self.process: subprocess.Popen | None = None
         self.restarts = 0             # times supervise() started it again
@@ -123,7 +124,7 @@ class EmbeddedRedis:
     def _try_start(self, exe: str, port: int) -> bool:
         args = [exe, "--port", str(port), "--bind", self.host, "--dir", str(self.data_dir),
                 "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                "--daemonize", "no", "--logfile", str(self.log_file)]
+                "--daemonize", "no", "--logfile", str(self.log_file), *self.extra_args]
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)

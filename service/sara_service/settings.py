@@ -24,7 +24,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SARA_", extra="ignore")
 
-    redis_url: str | None = Field(None, description="Redis to use; unset starts an embedded one.")
+    redis_url: str | None = Field(None, description="Redis to use (redis+cluster://host:port: a "
+                                                  "Redis Cluster); unset starts an embedded one.")
     redis_embedded: bool = Field(False, description="Set by `sara serve` when it started Redis.")
     data_dir: Path = Field(Path("./sara-data"), description="Embedded Redis data (AOF).")
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")

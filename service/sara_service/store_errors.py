@@ -10,6 +10,9 @@ import redis.exceptions
 from .errors import StoreUnavailable
 
 T = TypeVar("T")
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+_CLUSTER_UNAVAILABLE = (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+                        redis.exceptions.SlotNotCoveredError)
 
 
 def unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -23,6 +26,13 @@ def unavailable_on_redis_error(fn: Callable[..., Awaitable[T]]) -> Callable[...,
                 redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError,
                 OSError) as exc:
             raise StoreUnavailable(f"Redis is unavailable: {exc}") from exc
+        except _CLUSTER_UNAVAILABLE as exc:  # a cluster down, resharding or failing over
+            raise StoreUnavailable(f"Redis Cluster is unavailable: {exc}") from exc
+        except redis.exceptions.RedisClusterException as exc:
+            # a cluster client that reaches no node says so with the connection error as cause
+            if isinstance(exc.__cause__, _UNREACHABLE):
+                raise StoreUnavailable(f"Redis Cluster is unreachable: {exc}") from exc
+            raise
         except redis.exceptions.ResponseError as exc:
             # a script's write on a replica (failover in progress) fails with READONLY
             if "READONLY" in str(exc):

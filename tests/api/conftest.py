@@ -120,6 +120,12 @@ class Api:
 
 
 @pytest.fixture
+def redis_url(redis_url_each) -> str:
+    """Every test here runs on one Redis server and again on a three-master Redis Cluster."""
+    return redis_url_each
+
+
+@pytest.fixture
 async def make_app(redis_url, fake_clock):
     """Build apps on the test Redis; their Redis clients are closed at teardown."""
     apps = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-import redis.asyncio as aioredis
+from sara_service.redis_client import connect
 
 from .conftest import prompt_spec, result_for, slot_of
 
@@ -214,7 +214,7 @@ async def test_a_result_from_a_non_holder_never_counts_twice_in_the_posterior(ap
 async def test_a_late_result_repeated_counts_once_in_the_posterior(api, redis_url):
     await api.add(prompt_spec("m", "mixed"))
     rs = by_slot((await api.lease("w1", 4))["rollouts"])
-    raw = aioredis.Redis.from_url(redis_url)
+    raw = connect(redis_url)
     keys = api.app.state.scheduler.store.keys
     await raw.hset(keys.slots, rs[3]["rollout_id"], "c")
     await raw.zrem(keys.inflight, rs[3]["rollout_id"])
@@ -230,7 +230,7 @@ async def test_result_for_a_cancelled_slot_is_late_and_only_updates_the_posterio
     await api.add(prompt_spec("m", "mixed"))
     rs = by_slot((await api.lease("w1", 4))["rollouts"])
     gid = rs[0]["group_id"]
-    raw = aioredis.Redis.from_url(redis_url)
+    raw = connect(redis_url)
     keys = api.app.state.scheduler.store.keys
     await raw.hset(keys.slots, rs[3]["rollout_id"], "c")
     await raw.zrem(keys.inflight, rs[3]["rollout_id"])

@@ -7,6 +7,7 @@ import redis
 
 from sara_service import embedded
 from sara_service.embedded import EmbeddedRedis, find_redis_server
+from tests.cluster._local import sync_client
 
 
 def _aof_files(data_dir):
@@ -89,14 +90,14 @@ def test_sara_redis_server_env_wins(monkeypatch, tmp_path):
 
 
 def test_redis_url_fixture_gives_a_clean_database(redis_url):
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     assert client.dbsize() == 0
     client.set("left-behind", "1")  # the next test using redis_url must not see it
     client.close()
 
 
 def test_redis_url_fixture_flushes_between_tests(redis_url):
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     assert client.get("left-behind") is None
     client.close()
 

@@ -20,6 +20,13 @@ CASES = generate_cases(seed=0, count=300)
 FINAL_STATES = {"committed": {"committed", "ready"}, "abandoned": {"abandoned"}}
 
 
+@pytest.fixture
+def redis_url(single_redis_url) -> str:
+    """One server only: these 300 cases check the scripts' arithmetic, which a cluster node runs
+    the same; the store's other tests run every script on the cluster too."""
+    return single_redis_url
+
+
 def _final_states(case: dict) -> set[str]:
     if case["final"] == "saturated":
         return {"ready"} if case["policy"] == "uniform" else {"dropped"}
