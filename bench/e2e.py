@@ -2,7 +2,7 @@
 """End-to-end RL on the demo task under uniform, DS, SARA and SARA + DPS, over seeds and group
 sizes: rollouts (and tokens, and wall seconds) to reach a target held-out accuracy.
 
-Every run is the product path of ``sara demo`` (``sara_trainer.demo.run_demo`` without its DS
+Every run is the product path of ``sara demo`` (``sara_demo.demo.run_demo`` without its DS
 arm): the real scheduler on an embedded redis-server, an hf-backend worker on the tiny GPT-2 and
 the GRPO trainer pulling effective batches. All runs start from the warm start shipped in the
 package (the same bytes everywhere) and train on the task's natural prompt mix (every bucket
@@ -102,7 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def demo_config(args: argparse.Namespace, method: str, k: int, seed: int, out: Path):
     """The ``sara demo`` configuration of one run (one method, k and seed; no DS arm)."""
-    from sara_trainer.demo import DemoConfig
+    from sara_demo.config import DemoConfig
 
     return DemoConfig(seed=seed, out=str(out), progress=False, start_from=args.start_from,
                       pool=args.pool, group_size=k, rl_steps=100_000, compare=False,
@@ -116,7 +116,7 @@ def demo_config(args: argparse.Namespace, method: str, k: int, seed: int, out: P
 def run_one(args: argparse.Namespace, method: str, k: int, seed: int, work: Path
             ) -> dict[str, Any]:
     """One run; returns its evaluation curve and totals."""
-    from sara_trainer.demo import run_demo
+    from sara_demo.demo import run_demo
 
     started = time.perf_counter()
     summary = run_demo(demo_config(args, method, k, seed, work / f"{method}-k{k}-s{seed}"))
@@ -158,7 +158,7 @@ def targets(rows: list[dict[str, Any]], k: int, seed: int) -> dict[str, float] |
 
 
 def to_target(row: dict[str, Any], target: float, key: str) -> float | None:
-    from sara_trainer.demo_compare import crossing
+    from sara_demo.compare import crossing
 
     return crossing(row["evals"], target, key=key)
 

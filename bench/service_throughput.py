@@ -84,7 +84,7 @@ class Serve:
         self.name, self.workers = name, workers
         self.port = free_port()
         self.log_path = log_dir / f"{name}.log"
-        self.cmd = [args.serve_python, "-m", "sara_service.cli", "serve", "--port", str(self.port),
+        self.cmd = [args.serve_python, "-m", "sara_cli", "serve", "--port", str(self.port),
                     "--redis-url", redis_url, "--namespace", namespace, "--policy", policy,
                     "--group-size", str(args.group_size), "--batch-size", str(args.batch_size),
                     "--workers", str(workers), "--log-level", "warning"]  # no access log

@@ -173,7 +173,7 @@ class Serve:
         self.name = name
         self.port = free_port()
         self.log_path = log_dir / f"{name}.log"
-        cmd = [sys.executable, "-m", "sara_service.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "sara_cli", "serve", "--port", str(self.port),
                "--redis-url", redis_url, "--namespace", NAMESPACE, "--policy", args.policy,
                "--group-size", str(args.group_size), "--batch-size", str(args.batch_size),
                "--log-level", "warning"]

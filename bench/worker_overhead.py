@@ -251,7 +251,7 @@ class Scheduler:
         self.port = free_port()
         self.log = work / "serve.log"
         nice = ["nice", "-n", str(args.scheduler_nice)] if args.scheduler_nice else []
-        self.cmd = [*nice, sys.executable, "-m", "sara_service.cli", "serve",
+        self.cmd = [*nice, sys.executable, "-m", "sara_cli", "serve",
                     "--port", str(self.port),
                     "--policy", "uniform", "--group-size", str(args.group_size),
                     "--batch-size", "8", "--data-dir", str(work / "sara-data"),

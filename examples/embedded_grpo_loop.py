@@ -19,7 +19,7 @@ ever hands the trainer effective groups: their k rewards are never all the same.
 The policy is the repository's tiny character-level GPT-2 (``sara_trainer.tiny``), built fresh
 unless ``--model`` names a Hugging Face causal LM directory. Freshly initialised it almost never
 answers, so nearly every group is abandoned and a batch costs ~100 rollouts per effective group;
-a couple of seconds of supervised warm start (``--sft-steps``, ``sara_trainer.sft``) on one-digit
+a couple of seconds of supervised warm start (``--sft-steps``, ``sara_demo.sft``) on one-digit
 additions lifts its success rate there to ~10%, enough for a third to a half of those groups to
 be mixed. The two-digit additions (half the prompts by default) stay out of reach: Dynamic
 Sampling would pay k rollouts for each of them, SARA abandons them after its probes (``saved vs
@@ -28,9 +28,9 @@ DS`` in the step lines). ``--policy dynamic_sampling`` runs the same loop under 
 Each step prints the rollouts spent, groups committed and abandoned, and effective groups
 delivered; the last line is ``SUMMARY {json}`` (also written to ``--out``/summary.json) for tools.
 
-Pieces taken from ``sara_trainer`` when it is importable, with a small inline stand-in otherwise:
-the arith prompts, the SFT warm start (skipped without it), GRPO advantages and the clipped
-policy-gradient loss. Rewards come from the worker's verifier registry (``sara_worker.verifiers``),
+Pieces taken from ``sara_trainer`` and ``sara_demo`` when they are importable, with a small inline
+stand-in otherwise: the arith prompts, the SFT warm start (skipped without it), GRPO advantages
+and the clipped policy-gradient loss. Rewards come from the worker's verifier registry (``sara_worker.verifiers``),
 the same function a ``sara worker`` would score with.
 """
 
@@ -63,12 +63,12 @@ def make_prompts(n: int, seed: int, easy_fraction: float = 0.5) -> list[dict[str
     additions (learnable within the time budget; there are only ~90, so at most that many), the
     rest two-digit additions (beyond the tiny model: SARA abandons them).
 
-    Uses ``sara_trainer.tasks.arith`` when it is importable; otherwise builds the same shape
+    Uses ``sara_demo.tasks.arith`` when it is importable; otherwise builds the same shape
     inline (completion = the result's digits reversed, ``meta.reversed_answer``).
     """
     easy = min(n, max(1, round(n * easy_fraction)))
     try:
-        from sara_trainer.tasks.arith import make_split, split_size
+        from sara_demo.tasks.arith import make_split, split_size
     except ImportError:
         easy = min(easy, 100)
         return _inline_prompts(easy, n - easy, seed)
@@ -138,13 +138,13 @@ def load_model(path: str | None, workdir: Path, seed: int):
 
 
 def warm_start(model, tokenizer, steps: int, seed: int) -> dict[str, Any] | None:
-    """A few SFT steps on one-digit additions (``sara_trainer.sft``); None when skipped."""
+    """A few SFT steps on one-digit additions (``sara_demo.sft``); None when skipped."""
     if steps <= 0:
         return None
     try:
-        from sara_trainer.sft import sft
+        from sara_demo.sft import sft
     except ImportError:
-        print("sara_trainer.sft is not importable: no warm start", flush=True)
+        print("sara_demo.sft is not importable: no warm start", flush=True)
         return None
     started = time.perf_counter()
     result = sft(model, tokenizer, max_steps=steps, batch_size=128, lr=3e-3, schedule="constant",

@@ -228,7 +228,7 @@ def _body(request: BaseModel) -> dict[str, Any]:
     return request.model_dump(mode="json", exclude_none=True)
 
 
-def _segment(value: str) -> str:
+def segment(value: str) -> str:
     """One path segment, escaped so an id can never change the route."""
     return quote(str(value), safe="")
 
@@ -295,7 +295,7 @@ class BaseSaraClient:
                     json=_body(request))
 
     def _get_prompt_call(self, prompt_id: str) -> Call[PromptOut]:
-        return Call("GET", f"/prompts/{_segment(prompt_id)}", partial(parse_model, model=PromptOut))
+        return Call("GET", f"/prompts/{segment(prompt_id)}", partial(parse_model, model=PromptOut))
 
     def _get_policy_call(self) -> Call[PolicyInfo]:
         return Call("GET", "/policy", partial(parse_model, model=PolicyInfo))
@@ -305,7 +305,7 @@ class BaseSaraClient:
         return Call("POST", "/policy", partial(parse_model, model=PolicyInfo), json=_body(request))
 
     def _get_group_call(self, group_id: str) -> Call[GroupOut]:
-        return Call("GET", f"/groups/{_segment(group_id)}", partial(parse_model, model=GroupOut))
+        return Call("GET", f"/groups/{segment(group_id)}", partial(parse_model, model=GroupOut))
 
     def _stats_call(self) -> Call[StatsResponse]:
         return Call("GET", "/stats", partial(parse_model, model=StatsResponse))
@@ -330,7 +330,7 @@ class BaseSaraClient:
 
     def _heartbeat_call(self, lease_id: str, worker_id: str) -> Call[HeartbeatResponse]:
         request = HeartbeatRequest(worker_id=worker_id)
-        return Call("POST", f"/leases/{_segment(lease_id)}/heartbeat",
+        return Call("POST", f"/leases/{segment(lease_id)}/heartbeat",
                     partial(parse_model, model=HeartbeatResponse), json=_body(request))
 
     def _results_request(self, worker_id: str, results: Sequence[RolloutResult | dict[str, Any]],
@@ -374,7 +374,7 @@ class BaseSaraClient:
                     json=_body(request), timeout=self._long_poll_timeout(request.wait_s))
 
     def _ack_call(self, batch_id: str) -> Call[AckResponse]:
-        return Call("POST", f"/batches/{_segment(batch_id)}/ack",
+        return Call("POST", f"/batches/{segment(batch_id)}/ack",
                     partial(parse_model, model=AckResponse))
 
     def _poll_deadline(self, timeout_s: float | None, poll_s: float) -> float | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, AsyncIterator, Iterator
 
-from ._base import Call, _segment, parse_model
+from ._base import Call, segment, parse_model
 from .models_runctl import (PromptPage, PromptStateRequest, PromptStateResponse, PromptSummary,
                             RunAction, RunControlRequest, RunStatus)
 
@@ -20,11 +20,11 @@ class RunControlCalls:
 
     def _prompt_enabled_call(self, prompt_id: str, enabled: bool) -> Call[Any]:
         body = PromptStateRequest(enabled=enabled).model_dump(mode="json")
-        return Call("PATCH", f"/prompts/{_segment(prompt_id)}",
+        return Call("PATCH", f"/prompts/{segment(prompt_id)}",
                     partial(parse_model, model=PromptStateResponse), json=body)
 
     def _delete_prompt_call(self, prompt_id: str) -> Call[Any]:
-        return Call("DELETE", f"/prompts/{_segment(prompt_id)}",
+        return Call("DELETE", f"/prompts/{segment(prompt_id)}",
                     partial(parse_model, model=PromptStateResponse))
 
     def _run_status_call(self) -> Call[Any]:

@@ -23,7 +23,7 @@ import contextlib
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Coroutine, Iterator, TypeVar
 
 import httpx
 
@@ -31,6 +31,30 @@ from ._async import AsyncSaraClient
 from ._sync import SaraClient
 
 LOCAL_BASE_URL = "http://sara.local"
+T = TypeVar("T")
+
+
+def run_on_loop(awaitable: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> T:
+    """Run `awaitable` on `loop`, which runs in another thread, and block until its result: the
+    one sync-over-async bridge (`local()`'s transport and lifespan, :class:`BlockingClient`)."""
+    return asyncio.run_coroutine_threadsafe(awaitable, loop).result()
+
+
+class BlockingClient:
+    """Blocking calls to an `AsyncSaraClient` that lives on `loop` (another thread's): each
+    method runs there through :func:`run_on_loop`. A training thread can share the in-process
+    scheduler of an `alocal()` whose event loop also runs workers (``sara demo`` does)."""
+
+    def __init__(self, client: AsyncSaraClient, loop: asyncio.AbstractEventLoop) -> None:
+        self._client, self._loop = client, loop
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return run_on_loop(method(*args, **kwargs), self._loop)
+
+        return call
 
 
 class _LoopThreadTransport(httpx.BaseTransport):
@@ -50,7 +74,7 @@ class _LoopThreadTransport(httpx.BaseTransport):
             content = await response.aread()
             return response.status_code, list(response.headers.raw), content
 
-        status, headers, content = asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+        status, headers, content = run_on_loop(call(), self._loop)
         return httpx.Response(status, headers=headers, content=content, request=request)
 
 
@@ -99,12 +123,12 @@ def local(data_dir: str | Path | None = None, **settings: Any) -> Iterator[SaraC
     thread.start()
     lifespan = app.router.lifespan_context(app)
     try:
-        asyncio.run_coroutine_threadsafe(lifespan.__aenter__(), loop).result()
+        run_on_loop(lifespan.__aenter__(), loop)
         try:
             with SaraClient(LOCAL_BASE_URL, transport=_LoopThreadTransport(app, loop)) as client:
                 yield client
         finally:
-            asyncio.run_coroutine_threadsafe(lifespan.__aexit__(None, None, None), loop).result()
+            run_on_loop(lifespan.__aexit__(None, None, None), loop)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)

@@ -26,11 +26,15 @@ Decision = Literal["commit", "abandon", "continue"]
 GroupState = Literal["open", "committed", "ready", "delivered", "acked", "abandoned", "dropped"]
 
 
-class _Request(BaseModel):
+class RequestModel(BaseModel):
+    """Base of every request body: unknown fields are refused."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class _Answer(BaseModel):
+class AnswerModel(BaseModel):
+    """Base of every answer body."""
+
     # Answers ignore unknown fields so an older client keeps working against a newer server.
     model_config = ConfigDict(extra="ignore")
 
@@ -38,7 +42,7 @@ class _Answer(BaseModel):
 # --- prompts -------------------------------------------------------------------------------------
 
 
-class PromptIn(_Request):
+class PromptIn(RequestModel):
     """One prompt to register. Without an id, the service derives one from the content."""
 
     id: Identifier | None = None
@@ -53,11 +57,11 @@ class PromptIn(_Request):
                                    f"{MAX_META_BYTES} bytes); the sim backend reads p_success.")
 
 
-class AddPromptsRequest(_Request):
+class AddPromptsRequest(RequestModel):
     prompts: list[PromptIn] = Field(min_length=1, max_length=MAX_PROMPTS_PER_CALL)
 
 
-class AddPromptsResponse(_Answer):
+class AddPromptsResponse(AnswerModel):
     ids: list[str]
     created: int = Field(description="How many of the ids were new; re-adding an id is a no-op.")
     content_differs: list[str] = Field(
@@ -65,7 +69,7 @@ class AddPromptsResponse(_Answer):
                                           "stored content was kept (register it under a new id).")
 
 
-class Posterior(_Answer):
+class Posterior(AnswerModel):
     alpha: float
     beta: float
     version: int = Field(description="Policy version the counts were last decayed to.")
@@ -73,7 +77,7 @@ class Posterior(_Answer):
                                 "prompt) the counts were last decayed to; none before any result.")
 
 
-class PromptHistory(_Answer):
+class PromptHistory(AnswerModel):
     groups: int = 0
     committed: int = 0
     abandoned: int = 0
@@ -82,7 +86,7 @@ class PromptHistory(_Answer):
     last_group_id: str | None = None
 
 
-class PromptOut(_Answer):
+class PromptOut(AnswerModel):
     id: str
     prompt: StoredPrompt
     answer: str | None = None
@@ -95,12 +99,12 @@ class PromptOut(_Answer):
 # --- policy --------------------------------------------------------------------------------------
 
 
-class PolicyInfo(_Answer):
+class PolicyInfo(AnswerModel):
     version: int = 0
     checkpoint: str | None = None
 
 
-class PublishPolicyRequest(_Request):
+class PublishPolicyRequest(RequestModel):
     version: int = Field(ge=1, le=MAX_STORED_INT,
                          description="Must be greater than the current version (and below 2**53).")
     checkpoint: str | None = Field(default=None, max_length=4096)
@@ -109,21 +113,21 @@ class PublishPolicyRequest(_Request):
 # --- leases --------------------------------------------------------------------------------------
 
 
-class SamplingParams(_Answer):
+class SamplingParams(AnswerModel):
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 256
     seed: int | None = None
 
 
-class LeaseRequest(_Request):
+class LeaseRequest(RequestModel):
     worker_id: Identifier
     max_rollouts: int = Field(default=64, ge=1, le=MAX_ROLLOUTS_PER_LEASE)
     wait_s: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
     backend: str | None = Field(default=None, max_length=64)
 
 
-class Rollout(_Answer):
+class Rollout(AnswerModel):
     rollout_id: str
     group_id: str
     prompt_id: str
@@ -134,7 +138,7 @@ class Rollout(_Answer):
     sampling: SamplingParams
 
 
-class LeaseResponse(_Answer):
+class LeaseResponse(AnswerModel):
     lease_id: str | None = Field(description="None when nothing was leased.")
     expires_at: float | None = None
     policy: PolicyInfo
@@ -143,11 +147,11 @@ class LeaseResponse(_Answer):
                               description="Rollout ids this worker should abort now.")
 
 
-class HeartbeatRequest(_Request):
+class HeartbeatRequest(RequestModel):
     worker_id: Identifier
 
 
-class HeartbeatResponse(_Answer):
+class HeartbeatResponse(AnswerModel):
     lease_id: str
     expires_at: float
     cancel: list[str] = Field(default_factory=list)
@@ -156,7 +160,7 @@ class HeartbeatResponse(_Answer):
 # --- results -------------------------------------------------------------------------------------
 
 
-class RolloutResult(_Request):
+class RolloutResult(RequestModel):
     rollout_id: Identifier
     reward: float = Field(ge=-1e6, le=1e6, allow_inf_nan=False)
     completion: str = Field(default="", max_length=MAX_COMPLETION_CHARS)
@@ -171,7 +175,7 @@ class RolloutResult(_Request):
                                description="Finite only: send -1e4 for -inf.")
 
 
-class ResultsRequest(_Request):
+class ResultsRequest(RequestModel):
     worker_id: Identifier
     results: list[RolloutResult] = Field(min_length=1, max_length=MAX_RESULTS_PER_CALL)
     report_id: Identifier | None = Field(
@@ -181,12 +185,12 @@ class ResultsRequest(_Request):
                     "call's answer, decisions and cancels included, for SARA_REPORT_TTL_S.")
 
 
-class GroupDecision(_Answer):
+class GroupDecision(AnswerModel):
     group_id: str
     decision: Decision
 
 
-class ResultsResponse(_Answer):
+class ResultsResponse(AnswerModel):
     accepted: int = Field(description="Results that filled a rollout slot for the first time.")
     duplicates: int = Field(default=0, description="Results for slots already filled (ignored).")
     late: int = Field(default=0, description="Results for cancelled rollouts: they teach the posterior only, once per slot.")
@@ -198,13 +202,13 @@ class ResultsResponse(_Answer):
 # --- batches -------------------------------------------------------------------------------------
 
 
-class NextBatchRequest(_Request):
+class NextBatchRequest(RequestModel):
     size: int | None = Field(default=None, ge=1, le=4096,
                              description="Groups per batch; default the scheduler's batch_size.")
     wait_s: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
 
 
-class BatchRollout(_Answer):
+class BatchRollout(AnswerModel):
     rollout_id: str
     completion: str
     reward: float
@@ -215,7 +219,7 @@ class BatchRollout(_Answer):
     logprobs: list[float] | None = None
 
 
-class BatchGroup(_Answer):
+class BatchGroup(AnswerModel):
     group_id: str
     prompt_id: str
     prompt: StoredPrompt
@@ -224,7 +228,7 @@ class BatchGroup(_Answer):
     rollouts: list[BatchRollout]
 
 
-class BatchStats(_Answer):
+class BatchStats(AnswerModel):
     rollouts_spent: int = Field(0, description="Rollouts completed since the previous batch.")
     rollouts_cancelled: int = 0
     tokens_spent: int = 0
@@ -242,7 +246,7 @@ class BatchStats(_Answer):
     ended_early: bool = Field(False, description="Closed by max_rollouts_per_batch.")
 
 
-class Batch(_Answer):
+class Batch(AnswerModel):
     batch_id: str
     policy_version: int
     created_at: float
@@ -251,7 +255,7 @@ class Batch(_Answer):
     stats: BatchStats
 
 
-class AckResponse(_Answer):
+class AckResponse(AnswerModel):
     batch_id: str
     acked: bool
     already_acked: bool = False
@@ -260,14 +264,14 @@ class AckResponse(_Answer):
 # --- groups, stats, health -----------------------------------------------------------------------
 
 
-class GroupSlot(_Answer):
+class GroupSlot(AnswerModel):
     rollout_id: str
     state: Literal["pending", "leased", "done", "cancelled", "unissued"]
     worker_id: str | None = None
     reward: float | None = None
 
 
-class GroupOut(_Answer):
+class GroupOut(AnswerModel):
     group_id: str
     prompt_id: str
     state: GroupState
@@ -284,24 +288,24 @@ class GroupOut(_Answer):
     rollouts: list[GroupSlot]
 
 
-class HealthResponse(_Answer):
+class HealthResponse(AnswerModel):
     status: Literal["ok", "unavailable"]
     redis: bool | None = None
     namespace: str | None = None
     detail: str | None = Field(default=None, description="Why /healthz asks for a restart.")
 
 
-class ErrorBody(_Answer):
+class ErrorBody(AnswerModel):
     code: str
     message: str
     detail: Any = None
 
 
-class ErrorEnvelope(_Answer):
+class ErrorEnvelope(AnswerModel):
     error: ErrorBody
 
 
-class Counters(_Answer):
+class Counters(AnswerModel):
     """Monotone counters of one namespace (docs/architecture.md, "Counters and figures")."""
 
     rollouts_issued: int = 0
@@ -345,7 +349,7 @@ class Counters(_Answer):
     leases_granted: int = 0
 
 
-class Derived(_Answer):
+class Derived(AnswerModel):
     rollouts_in_flight: int
     useful_fraction: float | None = Field(description="Rollouts in delivered groups / completed.")
     rollouts_per_effective_group: float | None
@@ -379,7 +383,7 @@ class Derived(_Answer):
         None, description="Model-based: mean P(mixed) under each prompt's learned posterior.")
 
 
-class Queues(_Answer):
+class Queues(AnswerModel):
     pending: int = Field(description="Rollouts issued and waiting for a worker.")
     leased: int
     open_groups: int
@@ -389,7 +393,7 @@ class Queues(_Answer):
     flow_target: int = Field(description="prefetch_batches x batch_size.")
 
 
-class WorkerStats(_Answer):
+class WorkerStats(AnswerModel):
     worker_id: str
     backend: str | None = None
     policy_version: int | None = None
@@ -402,7 +406,7 @@ class WorkerStats(_Answer):
     tokens_per_s: float | None = None
 
 
-class StatsResponse(_Answer):
+class StatsResponse(AnswerModel):
     namespace: str
     run_state: str = Field("running", description="running | paused | draining | drained.")
     now: float

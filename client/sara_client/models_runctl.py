@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .models import Posterior, PromptHistory, _Answer, _Request
+from .models import Posterior, PromptHistory, AnswerModel, RequestModel
 from .prompts import StoredPrompt
 
 PromptState = Literal["enabled", "disabled", "deleted"]
@@ -15,7 +15,7 @@ RunAction = Literal["pause", "resume", "drain"]
 MAX_PAGE = 1000
 
 
-class PromptSummary(_Answer):
+class PromptSummary(AnswerModel):
     id: str
     prompt: StoredPrompt   # text, or chat messages
     task: str
@@ -24,28 +24,28 @@ class PromptSummary(_Answer):
     history: PromptHistory
 
 
-class PromptPage(_Answer):
+class PromptPage(AnswerModel):
     prompts: list[PromptSummary]
     next_cursor: int | None = Field(description="Pass as `cursor` for the next page; none at "
                                     "the end. Prompts changed meanwhile may be missed or repeated.")
 
 
-class PromptStateRequest(_Request):
+class PromptStateRequest(RequestModel):
     enabled: bool = Field(description="False: never open this prompt again (groups in flight "
                                       "finish); true: back into the pool.")
 
 
-class PromptStateResponse(_Answer):
+class PromptStateResponse(AnswerModel):
     id: str
     state: PromptState
 
 
-class RunControlRequest(_Request):
+class RunControlRequest(RequestModel):
     action: RunAction = Field(description="pause: no group opens and nothing is leased; drain: "
                               "no group opens, in-flight work finishes and is delivered; resume: "
                               "back to running.")
 
 
-class RunStatus(_Answer):
+class RunStatus(AnswerModel):
     namespace: str
     state: RunState

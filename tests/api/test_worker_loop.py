@@ -414,7 +414,7 @@ async def test_heartbeats_keep_long_generations_leased(make_app, fake_clock):
 def test_cli_worker_runs_and_exits_0():
     from typer.testing import CliRunner
 
-    from sara_service import cli
+    from sara_cli import main as cli
 
     # --max-rollouts 0: builds the backend and the loop, leases nothing, shuts down cleanly
     result = CliRunner().invoke(cli.app, ["worker", "--backend", "sim", "--max-rollouts", "0",
@@ -432,7 +432,7 @@ def test_cli_worker_runs_and_exits_0():
 def test_cli_worker_rejects_bad_options_with_exit_2(args, message):
     from typer.testing import CliRunner
 
-    from sara_service import cli
+    from sara_cli import main as cli
 
     result = CliRunner().invoke(cli.app, ["worker", "--max-rollouts", "0", *args])
     assert result.exit_code == 2, result.output

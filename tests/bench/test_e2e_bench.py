@@ -98,7 +98,8 @@ def test_quick_run_of_two_methods(tmp_path):
 def test_flat_pool_spreads_the_prompts_evenly_without_a_probe():
     from collections import Counter
 
-    from sara_trainer.demo import DemoConfig, prompt_pool
+    from sara_demo.config import DemoConfig
+    from sara_demo.pool import prompt_pool
 
     cfg = DemoConfig(pool="flat", prompts=300)
     prompts, shares = prompt_pool(None, None, cfg, ["add2", "sub2", "mul2"])  # no model needed

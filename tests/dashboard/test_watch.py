@@ -9,9 +9,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from sara_client.models import StatsResponse
-from sara_service import cli
-from sara_service import watch as watch_mod
-from sara_service.watch import decision_rates, render, saving_vs_ds, watch
+from sara_cli import common
+from sara_cli import main as cli
+from sara_cli import watch as watch_mod
+from sara_cli.watch import decision_rates, render, saving_vs_ds, watch
 
 NOW = 1_700_000_100.0
 
@@ -221,7 +222,7 @@ def test_cli_stats_watch_uses_interval_and_renders_live(monkeypatch):
         seen["interval"] = interval
         return real_watch(fetch, interval, console, max_frames=2, sleep=lambda s: None)
 
-    monkeypatch.setattr(cli, "_client", fake_client)
+    monkeypatch.setattr(common, "client", fake_client)
     monkeypatch.setattr(watch_mod, "watch", bounded_watch)
     result = runner.invoke(cli.app, ["stats", "--watch", "--interval", "0.5", "--url",
                                      "http://sched:1", "--token", "op"])
@@ -235,7 +236,7 @@ def test_cli_stats_watch_uses_interval_and_renders_live(monkeypatch):
 
 
 def test_cli_stats_watch_flag_errors(monkeypatch):
-    monkeypatch.setattr(cli, "_client", FakeClient)
+    monkeypatch.setattr(common, "client", FakeClient)
     result = runner.invoke(cli.app, ["stats", "--watch", "--json"])
     assert result.exit_code == 2 and "do not go together" in result.output
     result = runner.invoke(cli.app, ["stats", "--watch", "--interval", "0"])

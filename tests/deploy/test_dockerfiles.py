@@ -196,8 +196,8 @@ def test_dockerignore_keeps_secrets_and_history_out():
     patterns = dockerignore_patterns()
     for path in (".env", ".git", ".venv", "sara-data", "service/sara_service/__pycache__"):
         assert ignored(path, patterns), path
-    for path in ("pyproject.toml", "README.md", "service", "client", "worker", "trainer",
-                 "docker/healthcheck.py", ".env.example"):
+    for path in ("pyproject.toml", "README.md", "service", "client", "worker", "trainer", "demo",
+                 "cli", "docker/healthcheck.py", ".env.example"):
         assert not ignored(path, patterns), path
 
 

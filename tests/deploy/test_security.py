@@ -120,7 +120,7 @@ def _start_serve(redis_url: str) -> tuple[subprocess.Popen, str, list[str]]:
     for _ in range(3):  # the free port can be taken before the server binds it: retry
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sara_service.cli", "serve", "--host", "127.0.0.1", "--port",
+            [sys.executable, "-m", "sara_cli", "serve", "--host", "127.0.0.1", "--port",
              str(port), "--redis-url", redis_url, "--namespace", "sec-serve", "--log-level",
              "info"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []

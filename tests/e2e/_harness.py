@@ -86,7 +86,7 @@ class ServeProcess:
         """Start and return once /readyz answers ok; RuntimeError with the log if it does not."""
         for _ in range(3):  # a free port can be taken between free_port() and bind(): retry
             self.port = free_port()
-            cmd = [sys.executable, "-m", "sara_service.cli", "serve", "--port", str(self.port),
+            cmd = [sys.executable, "-m", "sara_cli", "serve", "--port", str(self.port),
                    *self.args]
             with self.log_path.open("ab") as log:
                 log.write(f"$ {' '.join(cmd)}\n".encode())
@@ -281,7 +281,7 @@ class RunResult:
 
 def load_synthetic(url: str, n: int, seed: int) -> None:
     """`sara load --synthetic n --seed seed` against `url`: the standard pool, through the CLI."""
-    cmd = [sys.executable, "-m", "sara_service.cli", "load", "--synthetic", str(n), "--seed",
+    cmd = [sys.executable, "-m", "sara_cli", "load", "--synthetic", str(n), "--seed",
            str(seed), "--url", url]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SARA_")}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)

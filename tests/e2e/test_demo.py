@@ -30,7 +30,7 @@ BUDGET, K = 8_000, 8
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    cmd = [sys.executable, "-c", "from sara_service.cli import main; main()", "demo", "--quick",
+    cmd = [sys.executable, "-c", "from sara_cli.main import main; main()", "demo", "--quick",
            "--out", str(out), "--report-to", "jsonl"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
                           stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160"})

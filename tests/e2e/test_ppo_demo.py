@@ -29,7 +29,8 @@ STEPS, GROUPS, EVAL = 40, 32, 400
 
 RUN = textwrap.dedent(f"""
     import sys
-    from sara_trainer.demo import QUICK_BUCKETS, DemoConfig, run_demo
+    from sara_demo.config import QUICK_BUCKETS, DemoConfig
+    from sara_demo.demo import run_demo
     cfg = DemoConfig.quick_defaults(
         buckets=QUICK_BUCKETS, rollout_budget=None, eval_every_rollouts=None, compare=False,
         sft_steps=120, rl_steps={STEPS}, batch_groups={GROUPS}, prompts=1000, lr=5e-5,
@@ -50,9 +51,9 @@ def ppo_run(tmp_path_factory):
 
 def sampled_accuracy(path) -> float:
     import torch
-    from sara_trainer.demo import QUICK_BUCKETS
+    from sara_demo.config import QUICK_BUCKETS
     from sara_trainer.policy import load_policy, sample
-    from sara_trainer.tasks.arith import make_eval_set, reward
+    from sara_demo.tasks.arith import make_eval_set, reward
 
     problems = make_eval_set(EVAL, seed=0, buckets=list(QUICK_BUCKETS))
     model, tokenizer = load_policy(path)

@@ -190,7 +190,7 @@ def test_inline_loss_matches_the_trainers_token_mean_loss():
 
 def test_inline_prompts_have_the_arith_tasks_shape_and_score_with_the_worker_verifier():
     verifiers = pytest.importorskip("sara_worker.verifiers")
-    arith = pytest.importorskip("sara_trainer.tasks.arith")
+    arith = pytest.importorskip("sara_demo.tasks.arith")
     example = _load_example()
     inline = example._inline_prompts(6, 2, seed=0)
     reference = arith.make_split(2, 0, buckets=["add1"])

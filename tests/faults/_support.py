@@ -352,7 +352,7 @@ def serve_process(log_dir: Path, redis_url: str, namespace: str, name: str, *, g
 def worker_process(url: str, worker_id: str, log_path: Path, *, lease_ttl_s: float,
                    per_token_ms: float, capacity: int, seed: int = 0) -> subprocess.Popen:
     """`sara worker --backend sim` as a subprocess, output to `log_path`."""
-    cmd = [sys.executable, "-m", "sara_service.cli", "worker", "--backend", "sim", "--url", url,
+    cmd = [sys.executable, "-m", "sara_cli", "worker", "--backend", "sim", "--url", url,
            "--worker-id", worker_id, "--capacity", str(capacity), "--lease-ttl", str(lease_ttl_s),
            "--per-token-ms", str(per_token_ms), "--seed", str(seed), "--lease-wait", "1",
            "--log-level", "warning"]

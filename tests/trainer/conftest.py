@@ -12,7 +12,7 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
+def one_torch_thread():
     try:
         import torch
     except ImportError:

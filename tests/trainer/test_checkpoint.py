@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from sara_trainer import checkpoint as ckpt
 from sara_trainer.config import TrainerConfig
-from sara_trainer.policy import load_policy, make_batch
+from sara_trainer.policy import load_checkpoint, load_policy, make_batch
 
 
 def _logits(model, tokenizer):
@@ -38,7 +38,7 @@ def test_save_load_gives_identical_logits_and_state(tiny, tmp_path):
     assert path == tmp_path / "step-000007"
     assert (path / "model.safetensors").is_file() and (path / "config.json").is_file()
     assert (tmp_path / "latest").read_text().strip() == "step-000007"
-    loaded, loaded_tok, state = ckpt.load_checkpoint(tmp_path)
+    loaded, loaded_tok, state = load_checkpoint(tmp_path)
     assert torch.equal(_logits(model, tokenizer), _logits(loaded, loaded_tok))
     assert loaded_tok.get_vocab() == tokenizer.get_vocab()
     assert state["step"] == 7 and state["policy_version"] == 3
@@ -61,7 +61,7 @@ def test_latest_resolves_to_the_newest_and_resume_finds_it(tiny, tmp_path):
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [1, 2, 10]
     assert ckpt.read_trainer_state(tmp_path)["step"] == 10
     assert ckpt.read_trainer_state(tmp_path)["policy_version"] == 10
-    resumed, resumed_tok, state = ckpt.load_checkpoint(tmp_path)
+    resumed, resumed_tok, state = load_checkpoint(tmp_path)
     assert state["path"].endswith("step-000010")
     assert torch.equal(_logits(resumed, resumed_tok), _logits(model, tokenizer))
     # a stale or missing pointer falls back to the highest complete step
@@ -90,7 +90,7 @@ def test_a_crashed_write_does_not_replace_the_previous_checkpoint(tiny, tmp_path
     assert ckpt.latest_checkpoint(tmp_path) == first
     assert not (tmp_path / "step-000002").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
-    loaded, loaded_tok, state = ckpt.load_checkpoint(tmp_path)
+    loaded, loaded_tok, state = load_checkpoint(tmp_path)
     assert state["step"] == 1 and torch.equal(_logits(loaded, loaded_tok), before)
 
     # A hard crash (process killed) leaves a temporary directory, or a step directory that
@@ -113,9 +113,9 @@ def test_resaving_a_step_replaces_it_and_optimizer_state_round_trips(tiny, tmp_p
     ckpt.save_checkpoint(tmp_path, model, tokenizer, step=3, optimizer=optimizer)
     _perturb(model, 9)
     path = ckpt.save_checkpoint(tmp_path, model, tokenizer, step=3, optimizer=optimizer)
-    loaded, loaded_tok, _ = ckpt.load_checkpoint(path)
+    loaded, loaded_tok, _ = load_checkpoint(path)
     assert torch.equal(_logits(loaded, loaded_tok), _logits(model, tokenizer))
     fresh = torch.optim.AdamW(loaded.parameters(), lr=1e-3)
-    ckpt.load_checkpoint(path, optimizer=fresh)
+    load_checkpoint(path, optimizer=fresh)
     assert fresh.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]

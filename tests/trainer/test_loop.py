@@ -21,11 +21,11 @@ pytest.importorskip("sara_service")
 
 import sara_client  # noqa: E402
 import torch  # noqa: E402
+from sara_demo.tasks.arith import make_split, target_completion  # noqa: E402
 from sara_trainer.checkpoint import latest_checkpoint, read_trainer_state  # noqa: E402
 from sara_trainer.config import TrainerConfig  # noqa: E402
 from sara_trainer.loop import Trainer  # noqa: E402
 from sara_trainer.policy import load_policy, sample  # noqa: E402
-from sara_trainer.tasks.arith import make_split, target_completion  # noqa: E402
 
 K, BATCH, PREFETCH = 4, 2, 2
 
@@ -180,7 +180,7 @@ def test_redelivered_batch_already_trained_is_only_acked(tiny_dir, tmp_path, cap
 
 
 def test_sara_train_cli_trains_against_the_scheduler(tiny_dir, tmp_path, monkeypatch):
-    from sara_service import cli
+    from sara_cli import main as cli
     from typer.testing import CliRunner
 
     with _local(tmp_path) as sara:
@@ -215,7 +215,7 @@ def test_sara_train_cli_trains_against_the_scheduler(tiny_dir, tmp_path, monkeyp
 
 
 def test_sara_train_cli_rejects_bad_options(tmp_path):
-    from sara_service import cli
+    from sara_cli import main as cli
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(cli.app, ["train", "--model", str(tmp_path), "--estimator",

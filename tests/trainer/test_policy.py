@@ -7,15 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sara_trainer.policy import (
-    completion_logprobs,
-    encode_prompts,
-    greedy_accuracy,
-    group_outcomes,
-    make_batch,
-    sample,
-)
-from sara_trainer.tasks.arith import BUCKET_NAMES, make_eval_set
+from sara_demo.evaluate import greedy_accuracy, group_outcomes
+from sara_demo.tasks.arith import BUCKET_NAMES, make_eval_set
+from sara_trainer.policy import completion_logprobs, encode_prompts, make_batch, sample
 
 
 def test_sampling_is_seeded_and_logprobs_match_a_training_forward(tiny):

@@ -113,7 +113,7 @@ def test_jsonl_holds_the_same_values(trained):
 def test_sara_train_report_to_writes_tensorboard_and_jsonl(tiny_dir, tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     import sara_client
-    from sara_service import cli
+    from sara_cli import main as cli
     from tests.trainer.test_loop import ScriptedWorker, _local, _prompts
     from typer.testing import CliRunner
 
@@ -148,7 +148,7 @@ def test_sara_train_report_to_writes_tensorboard_and_jsonl(tiny_dir, tmp_path, m
 
 
 def test_sara_train_report_to_refuses_an_unknown_backend(tmp_path):
-    from sara_service import cli
+    from sara_cli import main as cli
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(cli.app, ["train", "--model", str(tmp_path),

@@ -12,7 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sara_client.models import PromptIn
-from sara_service import cli
+from sara_cli import bench as bench_cmd
+from sara_cli import common
+from sara_cli import main as cli
+from sara_cli import stats as stats_cmd
 from sara_service.pools import standard_pool
 
 runner = CliRunner()
@@ -33,7 +36,7 @@ def test_help_imports_nothing_heavy():
     code = textwrap.dedent(f"""
         import sys
         from typer.testing import CliRunner
-        import sara_service.cli as cli
+        import sara_cli.main as cli
         result = CliRunner().invoke(cli.app, ["--help"])
         assert result.exit_code == 0, result.output
         for sub in {SUBCOMMANDS!r}:
@@ -49,7 +52,7 @@ def test_help_imports_nothing_heavy():
 @pytest.fixture()
 def bench_dir(tmp_path):
     """A bench/ directory whose scripts print their arguments and exit with code 3."""
-    for name in cli.BENCHMARKS:
+    for name in bench_cmd.BENCHMARKS:
         (tmp_path / f"{name}.py").write_text(
             f"import json, sys\nprint(json.dumps([{name!r}, sys.argv[1:]]))\nsys.exit(3)\n")
     return tmp_path
@@ -80,7 +83,7 @@ def test_bench_names_the_choices_for_an_unknown_benchmark(bench_dir):
 
 
 def test_bench_without_scripts_says_where_to_run_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "__file__", str(tmp_path / "a" / "b" / "cli.py"))
+    monkeypatch.setattr(bench_cmd, "__file__", str(tmp_path / "a" / "b" / "bench.py"))
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(cli.app, ["bench", "--bench-dir", str(tmp_path)])
     assert result.exit_code == 2
@@ -88,7 +91,7 @@ def test_bench_without_scripts_says_where_to_run_it(tmp_path, monkeypatch):
 
 
 def test_bench_finds_this_checkout_scripts():
-    assert (cli._bench_dir(None) / "e2e.py").is_file()
+    assert (bench_cmd.bench_dir(None) / "e2e.py").is_file()
 
 
 # --- the standard pool ---------------------------------------------------------------------------
@@ -151,7 +154,7 @@ class FakeClient:
 @pytest.fixture
 def fake_client(monkeypatch):
     FakeClient.instances = []
-    monkeypatch.setattr(cli, "_client", FakeClient)
+    monkeypatch.setattr(common, "client", FakeClient)
     return FakeClient
 
 
@@ -214,7 +217,7 @@ def test_load_reports_a_client_error_in_one_line(monkeypatch):
         def add_prompts(self, prompts):
             raise ConnectionError("connection refused")
 
-    monkeypatch.setattr(cli, "_client", Down)
+    monkeypatch.setattr(common, "client", Down)
     result = runner.invoke(cli.app, ["load", "--synthetic", "3"])
     assert result.exit_code == 1
     assert "connection refused" in result.output
@@ -272,7 +275,7 @@ def test_load_and_stats_through_the_real_sdk(monkeypatch):
                           ready_groups=0, unacked_batches=0, flow_target=64))
         return httpx.Response(200, json=stats.model_dump(mode="json"))
 
-    monkeypatch.setattr(cli, "_client", _sdk_client(handler))
+    monkeypatch.setattr(common, "client", _sdk_client(handler))
     result = runner.invoke(cli.app, ["load", "--synthetic", "1200", "--token", "adm"])
     assert result.exit_code == 0, result.output
     assert "1200 prompts (1200 new)" in result.output
@@ -287,7 +290,7 @@ def test_load_and_stats_through_the_real_sdk(monkeypatch):
 
 
 def test_stats_estimate_line_gives_every_interval():
-    line = cli._estimate_line({"net_saving_vs_ds": 0.2, "net_saving_vs_ds_low": 0.05,
+    line = stats_cmd.estimate_line({"net_saving_vs_ds": 0.2, "net_saving_vs_ds_low": 0.05,
                                "net_saving_vs_ds_high": 0.31,
                                "ds_rollouts_per_effective_group": 20.0,
                                "ds_rollouts_per_effective_group_low": 17.5,
@@ -301,7 +304,7 @@ def test_stats_estimate_line_gives_every_interval():
 
 def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
     pytest.importorskip("sara_trainer")
-    import sara_trainer.demo as demo
+    import sara_demo.demo as demo
 
     seen = {}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from sara_service import cli
+from sara_cli import main as cli
+from sara_cli import worker as worker_cmd
 
 runner = CliRunner()
 
@@ -17,7 +18,7 @@ def _capture_worker(monkeypatch) -> dict:
         seen.update(backend=backend, options=options)
         raise KeyboardInterrupt   # stop before any network
 
-    monkeypatch.setattr(cli, "_work", fake_work)
+    monkeypatch.setattr(worker_cmd, "work", fake_work)
     return seen
 
 

@@ -10,7 +10,7 @@ import sara_client
 from sara_client import NotFoundError
 from sara_client.models import Posterior, PromptHistory
 from sara_client.models_runctl import PromptPage, PromptStateResponse, PromptSummary, RunStatus
-from sara_service import cli
+from sara_cli import main as cli
 
 runner = CliRunner()
 

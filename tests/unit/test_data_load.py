@@ -15,7 +15,7 @@ from sara_client.data import (
     BOXED_INSTRUCTION, GSM8K_INSTRUCTION, extract_after_hashes, extract_boxed, load_prompts,
     map_rows, mapping_for, row_to_prompt,
 )
-from sara_service import cli
+from sara_cli import main as cli
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 GSM8K_ANSWERS = ["34", "210", "3600", "13"]

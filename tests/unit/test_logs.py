@@ -87,7 +87,7 @@ def test_text_stays_the_default_and_unknown_formats_are_refused(monkeypatch):
 def test_cli_refuses_an_unknown_log_format(root_handlers):
     from typer.testing import CliRunner
 
-    from sara_service import cli
+    from sara_cli import main as cli
 
     out = CliRunner().invoke(cli.app, ["serve", "--log-format", "xml"])
     assert out.exit_code == 2 and "--log-format" in out.output

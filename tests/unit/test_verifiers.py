@@ -99,7 +99,7 @@ def test_sim(completion, reward):
 # --- arith ---------------------------------------------------------------------------------------
 
 
-# The whole completion (up to <eos>) is the answer: the same rule as the trainer's task reward.
+# The whole completion (up to <eos>) is the answer: the one arith rule (the demo task uses it).
 @pytest.mark.parametrize("completion,answer,meta,reward", [
     ("46", "46", {}, 1.0),
     (" 46 ", "46", {}, 1.0),
@@ -133,16 +133,16 @@ def test_final_integer_reads_the_whole_completion_only():
     assert final_integer("no digits") is None
 
 
-def test_arith_agrees_with_the_trainers_task_reward():
-    """Worker and trainer must score every completion alike: junk included."""
-    trainer_arith = pytest.importorskip("sara_trainer.tasks.arith")
-    for problem in trainer_arith.make_split(60, seed=3):
+def test_arith_agrees_with_the_demo_tasks_reward():
+    """Worker and demo task must score every completion alike: junk included."""
+    task_arith = pytest.importorskip("sara_demo.tasks.arith")
+    for problem in task_arith.make_split(60, seed=3):
         truth = problem["answer"]
         candidates = [problem_completion for problem_completion in (
             truth[::-1], truth[::-1] + "<eos>", "a" + truth[::-1], truth, truth[::-1] + " 7",
             "", "0", "-" + truth[::-1], truth[::-1] + "-")]
         for completion in candidates:
-            assert arith(completion, truth, problem["meta"]) == trainer_arith.reward(
+            assert arith(completion, truth, problem["meta"]) == task_arith.reward(
                 completion, problem["prompt"]), (problem["prompt"], completion)
 
 

@@ -58,16 +58,6 @@ def _fsync_tree(path: Path) -> None:
     _fsync_dir(path)
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def _config_dict(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
@@ -108,27 +98,8 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
              "extra": dict(extra or {})}
     try:
         tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True,
-                              state_dict=_cast_state(model, weights_dtype))
-        tokenizer.save_pretrained(tmp)
-        if optimizer is not None:
-            import torch
-
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        for write in extra_writers:
-            write(tmp)
-        with open(tmp / STATE_FILE, "w") as handle:  # last: marks the directory complete
-            json.dump(state, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-        _fsync_tree(tmp)
-        if final.exists():
-            trash = root / f".old-{name}-{uuid.uuid4().hex[:12]}"
-            os.rename(final, trash)
-            os.rename(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_dir(root)
+        _write_files(tmp, model, tokenizer, optimizer, extra_writers, weights_dtype, state)
+        _move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -136,6 +107,38 @@ def save_checkpoint(root: str | Path, model, tokenizer, *, step: int,
     if keep:
         prune_checkpoints(root, keep)
     return final
+
+
+def _write_files(tmp: Path, model, tokenizer, optimizer,
+                 extra_writers: Sequence[Callable[[Path], Any]], weights_dtype,
+                 state: dict[str, Any]) -> None:
+    """Weights, tokenizer, optimiser, the extra writers' files, then the state file that marks
+    the directory complete; all synced to disk."""
+    model.save_pretrained(tmp, safe_serialization=True,
+                          state_dict=_cast_state(model, weights_dtype))
+    tokenizer.save_pretrained(tmp)
+    if optimizer is not None:
+        import torch
+
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+    for write in extra_writers:
+        write(tmp)
+    with open(tmp / STATE_FILE, "w") as handle:  # last: marks the directory complete
+        json.dump(state, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    _fsync_tree(tmp)
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`, replacing a checkpoint already there."""
+    if final.exists():
+        trash = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:12]}"
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
 
 
 def _cast_state(model, dtype) -> dict | None:
@@ -204,11 +207,12 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:
     """``trainer_state.json`` of a checkpoint (or of root's latest)."""
-    resolved = _resolve(path)
+    resolved = resolve(path)
     return json.loads((resolved / STATE_FILE).read_text())
 
 
-def _resolve(path: str | Path) -> Path:
+def resolve(path: str | Path) -> Path:
+    """`path` when it is a complete checkpoint, else the latest complete one under it."""
     path = Path(path)
     if is_complete(path):
         return path
@@ -216,24 +220,6 @@ def _resolve(path: str | Path) -> Path:
     if resolved is None:
         raise FileNotFoundError(f"no complete checkpoint at or under {path}")
     return resolved
-
-
-def load_checkpoint(path: str | Path, device: str = "cpu", dtype=None, optimizer=None):
-    """(model, tokenizer, trainer_state) from a checkpoint directory or a root (→ its latest).
-
-    With `optimizer`, also loads ``optimizer.pt`` into it when the checkpoint has one.
-    """
-    import torch
-
-    from .policy import load_policy
-
-    resolved = _resolve(path)
-    model, tokenizer = load_policy(resolved, device=device, dtype=dtype or torch.float32)
-    state = json.loads((resolved / STATE_FILE).read_text())
-    state["path"] = str(resolved)
-    if optimizer is not None and (resolved / OPTIMIZER_FILE).is_file():
-        optimizer.load_state_dict(torch.load(resolved / OPTIMIZER_FILE, map_location=device))
-    return model, tokenizer, state
 
 
 def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:

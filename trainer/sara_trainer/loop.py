@@ -45,18 +45,18 @@ import torch
 from sara_client.chat import render_prompt
 
 from .advantages import compute_advantages
-from .checkpoint import OPTIMIZER_FILE, latest_checkpoint, load_checkpoint
+from .checkpoint import OPTIMIZER_FILE, latest_checkpoint
 from .config import TrainerConfig
 from .fit import autocast_dtype, prepare_model, resolve_device, resolve_dtype, token_chunks
 from .logprobs import chunked_completion_logprobs
 from .loss import policy_loss
-from .policy import context_size, disable_dropout, load_policy, make_batch
+from .policy import context_size, disable_dropout, load_checkpoint, load_policy, make_batch
 from .ppo import PPOCritic
 from .publishing import Publishing
 
 log = logging.getLogger("sara.trainer")
 
-MAX_WAIT_S = 60.0           # the scheduler's long-poll cap
+NO_BATCH_NOTE_S = 60.0      # a log line every this long without a batch
 REMEMBERED_BATCHES = 32     # trained batch ids kept in the checkpoint (redelivery after a crash)
 
 
@@ -182,20 +182,24 @@ class Trainer(Publishing):
 
     def next_batch(self, *, stop: threading.Event | None = None,
                    timeout_s: float | None = None):
-        """Long-poll the scheduler for a batch; None when stopped or after ``timeout_s``."""
-        started = last_note = time.monotonic()
-        wait = max(0.0, min(self.config.batch_wait_s, MAX_WAIT_S))
+        """Long-poll the scheduler for a batch (the SDK's ``wait_for_batch``); None when stopped
+        or after ``timeout_s``. ``stop`` is looked at between polls; a line is logged every
+        NO_BATCH_NOTE_S without a batch."""
+        poll = max(0.0, self.config.batch_wait_s)
+        # with a stop event, one poll per call so that it is seen promptly
+        chunk = max(poll, 1.0) if stop is not None else NO_BATCH_NOTE_S
+        started = time.monotonic()
         while not (stop is not None and stop.is_set()):
             left = None if timeout_s is None else timeout_s - (time.monotonic() - started)
             if left is not None and left <= 0:
                 return None
-            batch = self.client.next_batch(wait_s=wait if left is None else min(wait, left))
+            batch = self.client.wait_for_batch(
+                timeout_s=chunk if left is None else min(chunk, left), poll_s=poll)
             if batch is not None:
                 return batch
-            if time.monotonic() - last_note >= 60:
-                last_note = time.monotonic()
-                log.info("no batch for %.0fs (are workers running and prompts loaded?)",
-                         last_note - started)
+            waited = time.monotonic() - started
+            if waited // NO_BATCH_NOTE_S > (waited - chunk) // NO_BATCH_NOTE_S:
+                log.info("no batch for %.0fs (are workers running and prompts loaded?)", waited)
         return None
 
     def train_on(self, batch: Any, last: bool = False) -> StepReport | None:
@@ -289,30 +293,11 @@ class Trainer(Publishing):
         n = len(rows.advantages)
         if n == 0:
             return {"loss": 0.0, "tokens": 0.0, "skipped": 1.0}
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
-            else self.tokenizer.eos_token_id
-        chunks = token_chunks([len(p) for p in rows.prompt_ids],
-                              [len(c) for c in rows.completion_ids],
-                              max(1, cfg.micro_batch_rollouts), cfg.micro_batch_tokens)
-        batches = [make_batch([rows.prompt_ids[i] for i in c], [rows.completion_ids[i] for i in c],
-                              pad, cfg.device) for c in chunks]
-        use_behaviour = cfg.temperature == 1.0 and any(b is not None for b in rows.behaviour)
-        if not use_behaviour and not self._warned_off_policy:
-            self._warned_off_policy = True
-            why = ("the rollouts carry no behaviour logprobs" if cfg.temperature == 1.0 else
-                   "sampling temperature != 1 (worker logprobs are raw)")
-            log.warning("on-policy only: %s; the ratio is 1 and staleness is bounded by the "
-                        "scheduler's max_staleness", why)
+        chunks, batches = self._micro_batches(rows)
+        use_behaviour = self._uses_behaviour(rows)
         tokens = float(sum(b.completion_mask.sum().item() for b in batches))
         lr = self._lr()
-        critic = None
-        if self.critic is not None:   # PPO: per-token GAE advantages from the critic's values
-            scores = [torch.tensor([rows.rewards[i] for i in c]) for c in chunks]
-            critic = self.critic.targets(batches, scores)
-            advs = critic.advantages
-        else:
-            advs = [torch.tensor([rows.advantages[i] for i in c], dtype=torch.float32,
-                                 device=cfg.device) for c in chunks]
+        critic, advs = self._advantages(rows, chunks, batches)
         if critic is not None and self.step < cfg.critic_warmup_steps:
             totals, skipped = {"policy_frozen": 1.0}, 0   # critic warm-up: the policy waits
         else:
@@ -327,6 +312,41 @@ class Trainer(Publishing):
         totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
                       off_policy=float(use_behaviour), lr=lr)
         return totals
+
+    def _micro_batches(self, rows: _Rows) -> tuple[list[list[int]], list[Any]]:
+        """The rows split into micro-batches (by rollouts and padded tokens): (the row indices
+        of each, its TokenBatch)."""
+        cfg, tok = self.config, self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        chunks = token_chunks([len(p) for p in rows.prompt_ids],
+                              [len(c) for c in rows.completion_ids],
+                              max(1, cfg.micro_batch_rollouts), cfg.micro_batch_tokens)
+        batches = [make_batch([rows.prompt_ids[i] for i in c], [rows.completion_ids[i] for i in c],
+                              pad, cfg.device) for c in chunks]
+        return chunks, batches
+
+    def _uses_behaviour(self, rows: _Rows) -> bool:
+        """Whether the worker's logprobs are the ratio's denominator (warns once when not)."""
+        cfg = self.config
+        use_behaviour = cfg.temperature == 1.0 and any(b is not None for b in rows.behaviour)
+        if not use_behaviour and not self._warned_off_policy:
+            self._warned_off_policy = True
+            why = ("the rollouts carry no behaviour logprobs" if cfg.temperature == 1.0 else
+                   "sampling temperature != 1 (worker logprobs are raw)")
+            log.warning("on-policy only: %s; the ratio is 1 and staleness is bounded by the "
+                        "scheduler's max_staleness", why)
+        return use_behaviour
+
+    def _advantages(self, rows: _Rows, chunks: list[list[int]], batches: list[Any]
+                    ) -> tuple[Any, list[torch.Tensor]]:
+        """(the critic's targets or None, each micro-batch's advantages): per token from the
+        critic's values under PPO, else per rollout as ``rows`` computed them."""
+        if self.critic is not None:
+            scores = [torch.tensor([rows.rewards[i] for i in c]) for c in chunks]
+            critic = self.critic.targets(batches, scores)
+            return critic, critic.advantages
+        return None, [torch.tensor([rows.advantages[i] for i in c], dtype=torch.float32,
+                                   device=self.config.device) for c in chunks]
 
     def _policy_steps(self, batches: list, olds: list, refs: list, advs: list[torch.Tensor],
                       tokens: float, n: int, lr: float) -> tuple[dict[str, float], int]:
@@ -351,14 +371,7 @@ class Trainer(Publishing):
                     normalizer=max(normalizer, 1.0), max_tokens=cfg.max_new_tokens,
                     entropy=entropy)
                 loss.backward()
-                weight = m["tokens"] / max(tokens, 1.0)
-                for key, value in m.items():
-                    if key in ("loss", "pg_loss"):
-                        sums[key] = sums.get(key, 0.0) + value       # already batch-normalised
-                    elif key == "ratio_max":
-                        sums[key] = max(sums.get(key, 0.0), value)
-                    elif key != "tokens":
-                        sums[key] = sums.get(key, 0.0) + value * weight
+                _accumulate(sums, m, m["tokens"] / max(tokens, 1.0))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                        cfg.grad_clip or float("inf"))
             sums["grad_norm"] = float(grad_norm)
@@ -418,6 +431,18 @@ class Trainer(Publishing):
             return chunked_completion_logprobs(model, batch, self.config.temperature,
                                                with_entropy,
                                                chunk_rows=self.config.logprob_chunk_rows)
+
+
+def _accumulate(sums: dict[str, float], metrics: dict[str, float], weight: float) -> None:
+    """Add one micro-batch's metrics to the step's: losses summed (already batch-normalised),
+    ratio_max the largest, the rest weighted by the micro-batch's share of tokens."""
+    for key, value in metrics.items():
+        if key in ("loss", "pg_loss"):
+            sums[key] = sums.get(key, 0.0) + value
+        elif key == "ratio_max":
+            sums[key] = max(sums.get(key, 0.0), value)
+        elif key != "tokens":
+            sums[key] = sums.get(key, 0.0) + value * weight
 
 
 def train(config: TrainerConfig, url: str, token: str | None = None,

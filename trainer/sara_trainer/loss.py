@@ -79,31 +79,13 @@ def policy_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
     reference), ``clip_frac`` (tokens where the clipped branch is the active one), ``clip_frac_low``,
     ``clip_frac_high``, ``ratio_mean``, ``ratio_max``, ``entropy``, ``tokens``, ``adv_mean``.
     """
-    if logp.dim() != 2:
-        raise ValueError("logp must be [batch, tokens]")
-    if mask.shape != logp.shape:
-        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(logp.shape)}")
-    if clip_eps_low < 0 or clip_eps_high < 0 or clip_eps_low >= 1:
-        raise ValueError("need 0 <= clip_eps_low < 1 and clip_eps_high >= 0")
+    _check_inputs(logp, mask, clip_eps_low, clip_eps_high)
     mask = mask.to(logp.dtype).detach()
-    adv = advantages.detach().to(logp.dtype)
-    if adv.dim() == 1:
-        adv = adv.unsqueeze(-1)
-    adv = adv.expand_as(logp)
-    old = logp.detach() if old_logp is None else old_logp.detach().to(logp.dtype)
-    # padding may hold anything (NaN, -inf): replace it so no NaN can reach the gradient
-    on = mask > 0
-    old = torch.where(on, old, logp.detach())
-    adv = torch.where(on, adv, torch.zeros_like(adv))
-    if ref_logp is not None:
-        ref_logp = torch.where(on, ref_logp.detach().to(logp.dtype), logp.detach())
-
+    old, adv, ref_logp = _clean_inputs(logp, advantages, mask, old_logp, ref_logp)
     log_ratio = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
-    unclipped_loss = -adv * ratio
-    clipped_loss = -adv * clipped
-    pg = torch.maximum(unclipped_loss, clipped_loss)
+    pg = torch.maximum(-adv * ratio, -adv * clipped)
     pg_loss = aggregate(pg, mask, aggregation, normalizer, max_tokens)
 
     loss = pg_loss
@@ -117,25 +99,62 @@ def policy_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
         raise ValueError("kl_coef > 0 needs ref_logp")
     else:
         kl_value = 0.0
-
-    with torch.no_grad():
-        high = (adv > 0) & (ratio > 1.0 + clip_eps_high)
-        low = (adv < 0) & (ratio < 1.0 - clip_eps_low)
-        ent = entropy.detach() if entropy is not None else -logp.detach()
-        metrics = {
-            "loss": float(loss.detach()),
-            "pg_loss": float(pg_loss.detach()),
-            "kl": kl_value,
-            "clip_frac": _masked_mean((high | low).to(logp.dtype), mask),
-            "clip_frac_high": _masked_mean(high.to(logp.dtype), mask),
-            "clip_frac_low": _masked_mean(low.to(logp.dtype), mask),
-            "ratio_mean": _masked_mean(ratio, mask),
-            "ratio_max": float(ratio[on].max()) if bool(on.any()) else 1.0,
-            "entropy": _masked_mean(ent.to(logp.dtype), mask),
-            "tokens": float(mask.sum()),
-            "adv_mean": _masked_mean(adv, mask),
-        }
+    metrics = _metrics(loss, pg_loss, kl_value, logp, ratio, adv, mask, entropy,
+                       clip_eps_low, clip_eps_high)
     return loss, metrics
+
+
+def _check_inputs(logp: torch.Tensor, mask: torch.Tensor, clip_eps_low: float,
+                  clip_eps_high: float) -> None:
+    if logp.dim() != 2:
+        raise ValueError("logp must be [batch, tokens]")
+    if mask.shape != logp.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(logp.shape)}")
+    if clip_eps_low < 0 or clip_eps_high < 0 or clip_eps_low >= 1:
+        raise ValueError("need 0 <= clip_eps_low < 1 and clip_eps_high >= 0")
+
+
+def _clean_inputs(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  old_logp: torch.Tensor | None, ref_logp: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(behaviour logprobs, per-token advantages, reference logprobs), detached, in logp's
+    dtype, [B, T], with padding replaced: it may hold anything (NaN, -inf), and no NaN may reach
+    the gradient."""
+    adv = advantages.detach().to(logp.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    adv = adv.expand_as(logp)
+    old = logp.detach() if old_logp is None else old_logp.detach().to(logp.dtype)
+    on = mask > 0
+    old = torch.where(on, old, logp.detach())
+    adv = torch.where(on, adv, torch.zeros_like(adv))
+    if ref_logp is not None:
+        ref_logp = torch.where(on, ref_logp.detach().to(logp.dtype), logp.detach())
+    return old, adv, ref_logp
+
+
+@torch.no_grad()
+def _metrics(loss: torch.Tensor, pg_loss: torch.Tensor, kl_value: float, logp: torch.Tensor,
+             ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+             entropy: torch.Tensor | None, clip_eps_low: float, clip_eps_high: float
+             ) -> dict[str, Any]:
+    on = mask > 0
+    high = (adv > 0) & (ratio > 1.0 + clip_eps_high)
+    low = (adv < 0) & (ratio < 1.0 - clip_eps_low)
+    ent = entropy.detach() if entropy is not None else -logp.detach()
+    return {
+        "loss": float(loss.detach()),
+        "pg_loss": float(pg_loss.detach()),
+        "kl": kl_value,
+        "clip_frac": _masked_mean((high | low).to(logp.dtype), mask),
+        "clip_frac_high": _masked_mean(high.to(logp.dtype), mask),
+        "clip_frac_low": _masked_mean(low.to(logp.dtype), mask),
+        "ratio_mean": _masked_mean(ratio, mask),
+        "ratio_max": float(ratio[on].max()) if bool(on.any()) else 1.0,
+        "entropy": _masked_mean(ent.to(logp.dtype), mask),
+        "tokens": float(mask.sum()),
+        "adv_mean": _masked_mean(adv, mask),
+    }
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

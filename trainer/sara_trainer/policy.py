@@ -1,5 +1,5 @@
-"""Policy helpers: load a Hugging Face causal LM, sample groups with per-token logprobs, score
-completions, and line prompt + completion tokens up for training.
+"""Policy helpers: load a Hugging Face causal LM (or a checkpoint), sample groups with per-token
+logprobs, and line prompt + completion tokens up for training.
 
 Layout used everywhere here (sampling and training alike): prompts are LEFT-padded to a common
 width P, completions follow from column P on and are right-padded; position ids count only real
@@ -10,7 +10,7 @@ backends and vLLM encode them, so trainer logprobs and worker logprobs refer to 
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +19,9 @@ from typing import Any
 import torch
 from sara_client.chat import chat_messages, is_chat, render_prompt
 
+from .checkpoint import OPTIMIZER_FILE, STATE_FILE, latest_checkpoint, resolve
+
 PromptLike = str | Mapping[str, Any]
-
-
-def set_threads(n: int = 2) -> None:
-    """Limit torch's intra-op threads (the CI box has 2 cores)."""
-    torch.set_num_threads(n)
 
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu",
@@ -40,8 +37,6 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
 
     path = Path(path)
     if (path / "latest").is_file() and not (path / "config.json").exists():
-        from .checkpoint import latest_checkpoint
-
         resolved = latest_checkpoint(path)
         if resolved is None:
             raise FileNotFoundError(f"no complete checkpoint under {path}")
@@ -55,6 +50,20 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu", dtype=None, optimizer=None):
+    """(model, tokenizer, trainer_state) from a checkpoint directory or a root (→ its latest).
+
+    With `optimizer`, also loads ``optimizer.pt`` into it when the checkpoint has one.
+    """
+    resolved = resolve(path)
+    model, tokenizer = load_policy(resolved, device=device, dtype=dtype or torch.float32)
+    state = json.loads((resolved / STATE_FILE).read_text())
+    state["path"] = str(resolved)
+    if optimizer is not None and (resolved / OPTIMIZER_FILE).is_file():
+        optimizer.load_state_dict(torch.load(resolved / OPTIMIZER_FILE, map_location=device))
+    return model, tokenizer, state
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -115,10 +124,6 @@ class TokenBatch:
     completion_ids: torch.Tensor   # [B, Tc]
     completion_mask: torch.Tensor  # [B, Tc] float
     prompt_width: int              # P
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.completion_mask.sum().item())
 
 
 def make_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
@@ -242,35 +247,19 @@ def sample(model, tokenizer, prompts: Sequence[PromptLike], k: int = 1, max_new_
 def _generate(model, rows: list[list[int]], max_new: int, temperature: float,
               generator: torch.Generator | None, eos: int, pad: int, device
               ) -> tuple[list[list[int]], list[list[float]], list[str]]:
-    n = len(rows)
-    width = max(len(r) for r in rows)
-    ids = torch.full((n, width), pad, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    """Decode up to `max_new` tokens after each left-padded row with the KV cache; per row the
+    tokens (through eos), their logprobs and the finish reason (stop or length)."""
+    ids, mask = _left_padded(rows, pad, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     result = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     past, logits = result.past_key_values, result.logits[:, -1]
     next_pos = positions[:, -1] + 1
+    n = len(rows)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     logps: list[torch.Tensor] = []
     for step in range(max_new):
-        logits = logits.float()
-        if temperature == 0:
-            logp_all = torch.log_softmax(logits, dim=-1)
-            token = logp_all.argmax(-1)
-        else:
-            logp_all = torch.log_softmax(logits / temperature, dim=-1)
-            probs = logp_all.exp()
-            if generator is not None and generator.device != probs.device:
-                token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
-                token = token.to(device)
-            else:
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        lp = logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+        token, lp = _pick(logits.float(), temperature, generator)
         token = torch.where(done, torch.full_like(token, pad), token)
         tokens.append(token)
         logps.append(torch.where(done, torch.zeros_like(lp), lp))
@@ -282,8 +271,40 @@ def _generate(model, rows: list[list[int]], max_new: int, temperature: float,
                        position_ids=next_pos.unsqueeze(-1), past_key_values=past, use_cache=True)
         past, logits = result.past_key_values, result.logits[:, -1]
         next_pos = next_pos + 1
-    tok = torch.stack(tokens, dim=1).cpu().tolist()
-    lpm = torch.stack(logps, dim=1).cpu().tolist()
+    return _cut_at_eos(torch.stack(tokens, dim=1).cpu().tolist(),
+                       torch.stack(logps, dim=1).cpu().tolist(), eos)
+
+
+def _left_padded(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of `rows` left-padded to the longest."""
+    n, width = len(rows), max(len(r) for r in rows)
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of each row (greedy at temperature 0, else sampled) and its logprob."""
+    if temperature == 0:
+        logp_all = torch.log_softmax(logits, dim=-1)
+        token = logp_all.argmax(-1)
+    else:
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        probs = logp_all.exp()
+        if generator is not None and generator.device != probs.device:
+            token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
+            token = token.to(probs.device)
+        else:
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+
+
+def _cut_at_eos(tok: list[list[int]], lpm: list[list[float]], eos: int
+                ) -> tuple[list[list[int]], list[list[float]], list[str]]:
     out_ids, out_lps, reasons = [], [], []
     for row_t, row_l in zip(tok, lpm):
         if eos in row_t:
@@ -296,88 +317,3 @@ def _generate(model, rows: list[list[int]], max_new: int, temperature: float,
             out_lps.append(row_l)
             reasons.append("length")
     return out_ids, out_lps, reasons
-
-
-# ---------------------------------------------------------------------------------------------
-# evaluation
-
-
-def _score(prompt: PromptLike, completion: str) -> float:
-    from .tasks import score
-
-    if isinstance(prompt, Mapping):
-        return score(prompt, completion)
-    return score({"prompt": prompt, "task": "arith"}, completion)
-
-
-def _bucket(prompt: PromptLike) -> str:
-    if isinstance(prompt, Mapping):
-        meta = prompt.get("meta") or {}
-        if meta.get("bucket"):
-            return str(meta["bucket"])
-        if prompt.get("task", "arith") != "arith":
-            return str(prompt.get("task"))
-    from .tasks.arith import bucket_of
-
-    return bucket_of(prompt_text(prompt)) or "other"
-
-
-def _ordered(keys) -> list[str]:
-    from .tasks.arith import BUCKET_NAMES
-
-    order = {name: i for i, name in enumerate(BUCKET_NAMES)}
-    return sorted(keys, key=lambda name: (order.get(name, len(order)), name))
-
-
-def greedy_accuracy(model, tokenizer, eval_set: Sequence[PromptLike], max_new_tokens: int = 8,
-                    batch_size: int = 1024) -> dict[str, Any]:
-    """Greedy (temperature 0) accuracy over `eval_set`, overall and by bucket.
-
-    Returns ``{"accuracy": float, "n": int, "by_bucket": {bucket: accuracy},
-    "counts": {bucket: n}}``; buckets in difficulty order.
-    """
-    samples = sample(model, tokenizer, eval_set, k=1, max_new_tokens=max_new_tokens,
-                     temperature=0.0, batch_size=batch_size)
-    hits: dict[str, list[float]] = defaultdict(list)
-    for prompt, completion in zip(eval_set, samples.completions):
-        hits[_bucket(prompt)].append(_score(prompt, completion))
-    total = [h for values in hits.values() for h in values]
-    names = _ordered(hits)
-    return {"accuracy": sum(total) / len(total) if total else 0.0, "n": len(total),
-            "by_bucket": {b: sum(hits[b]) / len(hits[b]) for b in names},
-            "counts": {b: len(hits[b]) for b in names}}
-
-
-def group_outcomes(model, tokenizer, prompts: Sequence[PromptLike], k: int = 8,
-                   temperature: float = 1.0, max_new_tokens: int = 8,
-                   generator: torch.Generator | None = None, batch_size: int = 1024
-                   ) -> dict[str, Any]:
-    """Sample k per prompt and classify each group: all-fail, mixed (effective) or all-success.
-
-    Returns ``{"all_fail", "mixed", "all_success"}`` fractions, ``mean_reward``, ``n`` and
-    ``by_bucket: {bucket: {"all_fail", "mixed", "all_success", "mean_reward", "n"}}``.
-    """
-    samples = sample(model, tokenizer, prompts, k=k, max_new_tokens=max_new_tokens,
-                     temperature=temperature, generator=generator, batch_size=batch_size)
-    kinds: dict[str, list[str]] = defaultdict(list)
-    rewards: dict[str, list[float]] = defaultdict(list)
-    for i, prompt in enumerate(prompts):
-        rs = [_score(prompt, c) for c in samples.group(i)]
-        s = sum(r > 0.5 for r in rs)
-        kind = "all_fail" if s == 0 else "all_success" if s == k else "mixed"
-        bucket = _bucket(prompt)
-        kinds[bucket].append(kind)
-        rewards[bucket].extend(rs)
-
-    def summary(ks: list[str], rs: list[float]) -> dict[str, Any]:
-        n = len(ks)
-        return {"all_fail": ks.count("all_fail") / n if n else 0.0,
-                "mixed": ks.count("mixed") / n if n else 0.0,
-                "all_success": ks.count("all_success") / n if n else 0.0,
-                "mean_reward": sum(rs) / len(rs) if rs else 0.0, "n": n}
-
-    every_kind = [x for b in kinds for x in kinds[b]]
-    every_reward = [x for b in rewards for x in rewards[b]]
-    out = summary(every_kind, every_reward)
-    out["by_bucket"] = {b: summary(kinds[b], rewards[b]) for b in _ordered(kinds)}
-    return out

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Literal
 
 from sara_client import (
     MAX_COMPLETION_CHARS, MAX_TOKENS_PER_ROLLOUT, AuthenticationError, BadRequestError,
-    PermissionDeniedError, RolloutResult, SaraError,
+    PermissionDeniedError, RetryPolicy, RolloutResult, SaraError,
 )
 
 from .backends.base import Generation
@@ -107,17 +107,17 @@ class WorkerCounters:
 
 
 class Backoff:
-    """Exponential backoff with jitter, capped: initial, 2x, 4x, ... up to ``maximum``."""
+    """The SDK's backoff (:class:`sara_client.RetryPolicy`: initial, 2x, 4x, ... up to
+    ``maximum``, jittered down by at most half) with the failure count of one retry loop."""
 
     def __init__(self, initial: float, maximum: float, rng: random.Random | None = None) -> None:
-        self.initial, self.maximum = initial, maximum
+        self._policy = RetryPolicy(base_delay_s=initial, max_delay_s=maximum, jitter=0.5)
         self._rng = rng or random.Random()
         self._failures = 0
 
     def next(self) -> float:
-        cap = min(self.maximum, self.initial * 2 ** min(self._failures, 60))
         self._failures += 1
-        return cap * (0.5 + 0.5 * self._rng.random())
+        return self._policy.delay(self._failures, self._rng)
 
     def reset(self) -> None:
         self._failures = 0

@@ -3,8 +3,8 @@
 With ``meta["reversed_answer"]`` true the model writes the answer's digits in reverse (least
 significant first, which tiny models learn more easily): ``"12+34="`` answered ``"64"`` is right,
 and a negative result carries its minus sign after the digits (``"21-"`` is -12). The text up to a
-first ``<eos>``, spaces around it ignored, must be exactly that integer: the same rule as the
-trainer's ``sara_trainer.tasks.arith.reward``, so worker and trainer never disagree on a reward.
+first ``<eos>``, spaces around it ignored, must be exactly that integer. This is the one arith rule:
+the demo's task (``sara_demo.tasks.arith.reward``) scores with this function too.
 Anything else (extra text, two numbers, a misplaced sign) scores 0.
 """
 

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sara_trainer.warmstart import (  # noqa: E402
+from sara_demo.warmstart import (  # noqa: E402
     MANIFEST,
     WEIGHTS,
     read_manifest,
@@ -26,7 +26,7 @@ def test_the_package_ships_a_complete_verified_warm_start():
     directory = verified_warmstart()
     manifest = read_manifest(directory)
     assert WEIGHTS in manifest["sha256"] and "config.json" in manifest["sha256"]
-    assert manifest["command"].startswith("python -m sara_trainer.warmstart")
+    assert manifest["command"].startswith("python -m sara_demo.warmstart")
     recipe = manifest["recipe"]
     assert recipe["steps"] + recipe["slip_steps"] == manifest["sft"]["steps"] > 0
     # the slips cost greedy accuracy: that is the room RL has
@@ -50,9 +50,10 @@ def test_a_changed_weight_file_is_refused(tmp_path):
 ACCURACY = """
 import json, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
-from sara_trainer.policy import greedy_accuracy, load_policy
-from sara_trainer.tasks.arith import make_eval_set
-from sara_trainer.warmstart import read_manifest, verified_warmstart
+from sara_demo.evaluate import greedy_accuracy
+from sara_demo.tasks.arith import make_eval_set
+from sara_demo.warmstart import read_manifest, verified_warmstart
+from sara_trainer.policy import load_policy
 d = verified_warmstart()
 model, tok = load_policy(d)
 n = read_manifest(d)["recipe"]["eval_size"]

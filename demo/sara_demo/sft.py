@@ -14,7 +14,7 @@ Speed (tiny 128x3x4 GPT-2, batch 256, ~14 tokens a row, CPU): about 0.17 s a ste
 cores. On an oversubscribed machine 2 threads collapse (OpenMP threads wait on each other; 2-4 s a
 step measured) while 1 thread keeps ~0.4-0.5 s a step: use ``--threads 1`` when the box is shared.
 
-``python -m sara_trainer.sft --seconds 240`` builds a fresh tiny policy, runs SFT and prints steps,
+``python -m sara_demo.sft --seconds 240`` builds a fresh tiny policy, runs SFT and prints steps,
 tokens/s, greedy held-out accuracy by bucket and the k=8 all-fail/mixed/all-success spread.
 """
 
@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-from .policy import completion_logprobs, disable_dropout, greedy_accuracy, make_batch
+from sara_trainer.policy import completion_logprobs, disable_dropout, make_batch
+
+from .evaluate import greedy_accuracy
 
 
 @dataclass
@@ -93,77 +95,87 @@ def sft(model, tokenizer, *, max_steps: int | None = None, max_seconds: float | 
         raise ValueError("give max_steps, max_seconds or both")
     if schedule not in ("constant", "cosine"):
         raise ValueError(f"unknown schedule {schedule!r}; choose constant or cosine")
-    if pairs is None:
-        if task != "arith":
-            raise ValueError(f"no generated SFT data for task {task!r}; pass pairs")
-        from .tasks.arith import training_pairs
-
-        pairs = training_pairs(seed, buckets, bucket_weights)
-    stream = iter(pairs)
+    stream = iter(pairs if pairs is not None else _task_pairs(task, seed, buckets,
+                                                              bucket_weights))
     torch.manual_seed(seed)
     disable_dropout(model)
     model.train()
-    device = next(model.parameters()).device
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (decay if param.dim() >= 2 and "wte" not in name and "wpe" not in name
-             else no_decay).append(param)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=betas)
+    optimizer = _optimizer(model, lr, betas, weight_decay)
     result = SFTResult(steps=0, seconds=0.0, answer_tokens=0, total_tokens=0)
     bar = _Progress(progress, max_steps, max_seconds)
     elapsed, step = 0.0, 0
+    evaluate = eval_set is not None and bool(eval_every)
     try:
-        while True:
-            if max_steps is not None and step >= max_steps:
-                break
-            if max_seconds is not None and elapsed >= max_seconds:
-                break
+        while (max_steps is None or step < max_steps) and \
+                (max_seconds is None or elapsed < max_seconds):
             started = time.perf_counter()
-            batch_pairs = [next(stream) for _ in range(batch_size)]
-            prompt_ids = tokenizer([p for p, _ in batch_pairs])["input_ids"]
-            answer_ids = tokenizer([a for _, a in batch_pairs])["input_ids"]
-            batch = make_batch(prompt_ids, [list(a) + [eos] for a in answer_ids], pad, device)
-            if max_steps is not None:
-                progress_frac = step / max(1, max_steps)
-            else:
-                progress_frac = elapsed / max_seconds
-            factor = lr_factor(progress_frac, step, warmup_steps, schedule, min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * factor
-            logp, _ = completion_logprobs(model, batch)
-            tokens = batch.completion_mask.sum()
-            loss = -logp.sum() / tokens
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
+            done = step / max(1, max_steps) if max_steps is not None else elapsed / max_seconds
+            rate = lr * lr_factor(done, step, warmup_steps, schedule, min_lr_ratio)
+            value = _train_step(model, tokenizer, optimizer, [next(stream) for _ in
+                                                               range(batch_size)],
+                                rate, grad_clip, result)
             step += 1
-            value = float(loss.detach())
-            result.losses.append(value)
-            result.answer_tokens += int(tokens)
-            result.total_tokens += int(batch.attention_mask.sum())
             elapsed += time.perf_counter() - started
-            bar.update(step, elapsed, value, lr * factor)
+            bar.update(step, elapsed, value, rate)
             if callback is not None:
                 callback(step, value)
-            if eval_set is not None and eval_every and step % eval_every == 0:
+            if evaluate and step % eval_every == 0:
                 result.evals.append(_evaluate(model, tokenizer, eval_set, step, elapsed))
                 model.train()
     finally:
         bar.close()
         model.eval()
     result.steps, result.seconds = step, elapsed
-    if eval_set is not None and eval_every and (not result.evals
-                                                or result.evals[-1]["step"] != step):
+    if evaluate and (not result.evals or result.evals[-1]["step"] != step):
         result.evals.append(_evaluate(model, tokenizer, eval_set, step, elapsed))
     return result
+
+
+def _task_pairs(task: str, seed: int, buckets: Iterable[str] | None,
+                bucket_weights: Sequence[float] | None) -> Iterable[tuple[str, str]]:
+    """The task's generated (prompt, completion) stream, held-out problems excluded."""
+    if task != "arith":
+        raise ValueError(f"no generated SFT data for task {task!r}; pass pairs")
+    from .tasks.arith import training_pairs
+
+    return training_pairs(seed, buckets, bucket_weights)
+
+
+def _optimizer(model, lr: float, betas: tuple[float, float], weight_decay: float):
+    """AdamW with weight decay on matrices only (not on biases, norms or embeddings)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 and "wte" not in name and "wpe" not in name
+             else no_decay).append(param)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas)
+
+
+def _train_step(model, tokenizer, optimizer, pairs: list[tuple[str, str]], rate: float,
+                grad_clip: float | None, result: SFTResult) -> float:
+    """One optimiser step at learning rate `rate` on the answer tokens' mean NLL; the loss."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    prompt_ids = tokenizer([p for p, _ in pairs])["input_ids"]
+    answer_ids = tokenizer([a for _, a in pairs])["input_ids"]
+    device = next(model.parameters()).device
+    batch = make_batch(prompt_ids, [list(a) + [eos] for a in answer_ids], pad, device)
+    for group in optimizer.param_groups:
+        group["lr"] = rate
+    logp, _ = completion_logprobs(model, batch)
+    tokens = batch.completion_mask.sum()
+    loss = -logp.sum() / tokens
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    value = float(loss.detach())
+    result.losses.append(value)
+    result.answer_tokens += int(tokens)
+    result.total_tokens += int(batch.attention_mask.sum())
+    return value
 
 
 def _evaluate(model, tokenizer, eval_set, step: int, elapsed: float) -> dict[str, Any]:
@@ -217,9 +229,11 @@ def measure(seconds: float | None = 240.0, steps: int | None = None, seed: int =
     prompt at `temperature`. Saves the model to `out_dir` (a checkpoint root) when given."""
     import tempfile
 
-    from .policy import group_outcomes, load_policy
+    from sara_trainer.policy import load_policy
+    from sara_trainer.tiny import TinyConfig, build_tiny_policy
+
+    from .evaluate import group_outcomes
     from .tasks.arith import make_eval_set
-    from .tiny import TinyConfig, build_tiny_policy
 
     with tempfile.TemporaryDirectory() as tmp:
         build_tiny_policy(tmp, TinyConfig(seed=seed))
@@ -233,7 +247,7 @@ def measure(seconds: float | None = 240.0, steps: int | None = None, seed: int =
                             temperature=temperature, generator=generator)
     report = {"sft": result.to_dict(), "accuracy": accuracy, "spread": spread}
     if out_dir:
-        from .checkpoint import save_checkpoint
+        from sara_trainer.checkpoint import save_checkpoint
 
         save_checkpoint(out_dir, model, tokenizer, step=0, policy_version=0,
                         extra={"sft": result.to_dict()})
@@ -241,7 +255,7 @@ def measure(seconds: float | None = 240.0, steps: int | None = None, seed: int =
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m sara_trainer.sft --seconds 240``: run :func:`measure` and print JSON."""
+    """``python -m sara_demo.sft --seconds 240``: run :func:`measure` and print JSON."""
     import argparse
     import json
 

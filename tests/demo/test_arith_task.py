@@ -7,8 +7,8 @@ import re
 from collections import Counter
 
 import pytest
-from sara_trainer.tasks import arith, get_task, score
-from sara_trainer.tasks.arith import (
+from sara_demo.tasks import arith, get_task, score
+from sara_demo.tasks.arith import (
     BUCKET_NAMES,
     BUCKETS,
     make_eval_set,

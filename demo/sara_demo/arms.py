@@ -1,7 +1,7 @@
 """The demo's two RL arms and its summary: SARA first, then (unless ``compare`` is off) the same RL
 under Dynamic Sampling from the same warm start, seed and prompt pool, to the rollouts SARA spent.
 
-Each arm is one :func:`sara_trainer.demo_rl.run_rl` with its own scheduler (a fresh embedded
+Each arm is one :func:`sara_demo.rl.run_rl` with its own scheduler (a fresh embedded
 Redis), worker and trainer; only the scheduler's ``policy`` differs. The time budget is shared:
 SARA may use half of what is left after the warm start, DS the rest.
 """
@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .demo import DemoConfig, heldout_accuracy, say
-from .demo_compare import arm_summary, compare, standard_error
+from .compare import arm_summary, compare, standard_error
+from .config import DemoConfig, say
+from .evaluate import heldout_accuracy
 
 POLICY_LABELS = {"sara": "SARA", "dynamic_sampling": "Dynamic Sampling", "uniform": "uniform"}
 
@@ -23,7 +24,7 @@ POLICY_LABELS = {"sara": "SARA", "dynamic_sampling": "Dynamic Sampling", "unifor
 def _one_arm(cfg: DemoConfig, work: Path, start_dir: str, prompts: list[dict], eval_set,
              before: dict, deadline: float, eval_seconds: float) -> dict[str, Any]:
     """One RL run from the warm start; the arm's figures plus the objects the summary needs."""
-    from .demo_rl import run_rl
+    from .rl import run_rl
 
     label = POLICY_LABELS.get(cfg.policy, cfg.policy)
     budget = f", to {cfg.rollout_budget:,} rollouts" if cfg.rollout_budget else ""
@@ -121,7 +122,7 @@ def _scheduler_figures(stats: Any) -> dict[str, Any]:
 def build_summary(cfg: DemoConfig, arms: dict[str, dict[str, Any]], before: dict[str, Any],
                   warm: dict[str, Any], prompts: list[dict], pool_weights: dict[str, float]
                   ) -> dict[str, Any]:
-    """The demo's ``summary.json`` (see :mod:`sara_trainer.demo` for its keys)."""
+    """The demo's ``summary.json`` (see :mod:`sara_demo.demo` for its keys)."""
     sara = arms["sara"]
     after, n = sara["after"], sara["after"]["n"]
     summary: dict[str, Any] = {

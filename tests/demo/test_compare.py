@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from sara_trainer.demo_compare import compare, crossing, standard_error
+from sara_demo.compare import compare, crossing, standard_error
 
 CURVE = [{"accuracy": 0.40, "rollouts_cum": 0, "tokens_cum": 0},
          {"accuracy": 0.50, "rollouts_cum": 1000, "tokens_cum": 3000},

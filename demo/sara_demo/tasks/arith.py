@@ -22,7 +22,7 @@ The service's ``PromptIn`` shape, which the worker's ``arith`` verifier reads th
 ``answer`` is the true result in ordinary notation; ``meta.reversed_answer`` says the completion
 writes it reversed. That is the worker verifier's contract (``sara_worker.verifiers.arith``: it
 reverses the completion's digits, never the gold answer; its tests pin ``"64"`` right for answer
-``"46"``), so the trainer's :func:`reward` and the worker's verifier give the same reward. The
+``"46"``), and :func:`reward` is that verifier: one rule for the worker and the demo. The
 completion a correct model writes is :attr:`Problem.completion` / :func:`target_completion`.
 """
 
@@ -35,6 +35,9 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sara_worker.verifiers.arith import arith as verify
+from sara_worker.verifiers.arith import final_integer
 
 TASK = "arith"
 EOS = "<eos>"
@@ -352,28 +355,24 @@ def parse_completion(completion: str) -> int | None:
     The text up to the first ``<eos>`` (if any), spaces around it ignored, must be digits with at
     most a trailing minus sign (a reversed negative number): ``"753"`` → 357, ``"021"`` → 120,
     ``"21-"`` → -12. Anything else (empty, letters, two numbers, a leading minus) is malformed.
+    The worker's verifier reads it (:func:`sara_worker.verifiers.arith.final_integer`).
     """
     if not isinstance(completion, str):
         return None
-    text = completion.split(EOS, 1)[0].strip()
-    match = re.fullmatch(r"(\d{1,64})(-?)", text)
-    if not match:
-        return None
-    value = int(match.group(1)[::-1])
-    return -value if match.group(2) else value
+    return final_integer(completion, reversed_digits=True)
 
 
 def reward(completion: str, prompt: str | Mapping[str, Any]) -> float:
     """1.0 iff the completion's reversed integer equals the prompt's true result, else 0.0.
 
-    `prompt` is the prompt text (``"12+345="``) or a prompt dict with a ``prompt`` key.
+    `prompt` is the prompt text (``"12+345="``) or a prompt dict with a ``prompt`` key. The rule is
+    the worker's ``arith`` verifier's, given the true result as the answer: one rule for both.
     """
     text = prompt.get("prompt", "") if isinstance(prompt, Mapping) else prompt
     parsed = parse_prompt(str(text))
     if parsed is None:
         return 0.0
-    got = parse_completion(completion)
-    return float(got is not None and got == evaluate(*parsed))
+    return verify(completion, str(evaluate(*parsed)), {"reversed_answer": True})
 
 
 def target_completion(prompt: str) -> str:

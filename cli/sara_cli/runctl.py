@@ -8,8 +8,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-UrlOpt = Annotated[str, typer.Option("--url", envvar="SARA_URL", help="Scheduler base URL.")]
+from .common import DEFAULT_URL, UrlOpt
+
 TokenOpt = Annotated[Optional[str], typer.Option(
     "--token", envvar="SARA_TOKEN", help="Bearer token (admin; operator for listing).")]
 PromptArg = Annotated[list[str], typer.Argument(help="Prompt ids.")]

@@ -5,12 +5,12 @@ initialisation follows the installed transformers, the float sums follow torch's
 CPU kernels), and the warm start decides where RL begins. One set of bytes, checked by its
 SHA-256 on every load, makes the demo start from the same policy everywhere.
 
-The files live in ``sara_trainer/assets/warmstart/`` (a Hugging Face model directory: config,
+The files live in ``sara_demo/assets/warmstart/`` (a Hugging Face model directory: config,
 safetensors weights, character tokenizer) with ``warmstart.json``: the command and settings that
 made them, the library versions, each file's SHA-256 and the greedy held-out accuracy measured
 right after. Rebuild them with::
 
-    python -m sara_trainer.warmstart --out trainer/sara_trainer/assets/warmstart
+    python -m sara_demo.warmstart --out demo/sara_demo/assets/warmstart
 
 (``build_warmstart`` below: 2,400 SFT steps on correct demonstrations, then 300 on
 demonstrations that often drop the final carry digit; about nine minutes on 2 cores). A rebuild on another machine gives
@@ -55,7 +55,7 @@ def read_manifest(directory: Path | None = None) -> dict[str, Any]:
     path = (directory or shipped_dir()) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no warm start at {path.parent}: {MANIFEST} is missing (rebuild "
-                                "it with `python -m sara_trainer.warmstart --out DIR`)")
+                                "it with `python -m sara_demo.warmstart --out DIR`)")
     return json.loads(path.read_text())
 
 
@@ -103,10 +103,12 @@ def build_warmstart(out: str | Path, recipe: WarmstartRecipe = WarmstartRecipe()
     Returns the manifest."""
     import torch
 
-    from .policy import greedy_accuracy, load_policy
+    from sara_trainer.policy import load_policy
+    from sara_trainer.tiny import TinyConfig, build_tiny_policy
+
+    from .evaluate import greedy_accuracy
     from .sft import sft
     from .tasks.arith import make_eval_set, training_pairs
-    from .tiny import TinyConfig, build_tiny_policy
 
     torch.set_num_threads(recipe.threads)
     out = Path(out)
@@ -125,12 +127,21 @@ def build_warmstart(out: str | Path, recipe: WarmstartRecipe = WarmstartRecipe()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    manifest = {
-        "command": f"python -m sara_trainer.warmstart --out {out}",
+    sft_figures = {"steps": skill.steps + slip.steps,
+                   "seconds": round(time.perf_counter() - started, 1),
+                   "final_loss_correct": skill.final_loss, "final_loss_flawed": slip.final_loss}
+    manifest = _manifest(out, recipe, sft_figures, clean, accuracy)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _manifest(out: Path, recipe: WarmstartRecipe, sft_figures: dict[str, Any],
+              clean: dict[str, Any], accuracy: dict[str, Any]) -> dict[str, Any]:
+    """The manifest: how the files were made, what they score, and each file's SHA-256."""
+    return {
+        "command": f"python -m sara_demo.warmstart --out {out}",
         "recipe": asdict(recipe),
-        "sft": {"steps": skill.steps + slip.steps,
-                "seconds": round(time.perf_counter() - started, 1),
-                "final_loss_correct": skill.final_loss, "final_loss_flawed": slip.final_loss},
+        "sft": sft_figures,
         "heldout_greedy_accuracy_before_slips": clean["accuracy"],
         "heldout_greedy_accuracy": accuracy["accuracy"],
         "heldout_by_bucket": accuracy["by_bucket"],
@@ -138,8 +149,6 @@ def build_warmstart(out: str | Path, recipe: WarmstartRecipe = WarmstartRecipe()
         "sha256": {p.name: file_sha256(p) for p in sorted(out.iterdir())
                    if p.is_file() and p.name != MANIFEST},
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
 
 
 def _versions() -> dict[str, str]:
@@ -150,7 +159,7 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m sara_trainer.warmstart --out DIR``: rebuild the warm start."""
+    """``python -m sara_demo.warmstart --out DIR``: rebuild the warm start."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -1,6 +1,6 @@
 """The demo's summary: a rich table, ``summary.json`` and a PNG chart of accuracy and rollouts.
 
-``summary`` is the dict :func:`sara_trainer.demo.run_demo` returns (see its docstring); these
+``summary`` is the dict :func:`sara_demo.demo.run_demo` returns (see its docstring); these
 functions only read it. matplotlib (the trainer extra) is imported only to draw the chart.
 """
 
@@ -25,7 +25,7 @@ def _num(value: Any) -> str:
 
 
 def _acc(arm: dict[str, Any], n: int) -> str:
-    from .demo_compare import standard_error
+    from .compare import standard_error
 
     value = arm["accuracy_after"]
     return f"{100 * value:.1f}% ± {100 * standard_error(value, n):.1f}"

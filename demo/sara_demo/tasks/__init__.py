@@ -1,4 +1,4 @@
-"""Synthetic verifiable tasks the trainer can generate, score and evaluate without a service.
+"""Synthetic verifiable tasks the demo can generate, score and evaluate without a service.
 
 A task module has ``TASK`` (its verifier name), ``reward(completion, prompt) -> float`` and
 ``make_split(n, seed, buckets=None, split="train") -> list[PromptIn-shaped dict]``.
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-TASKS: dict[str, str] = {"arith": "sara_trainer.tasks.arith"}
+TASKS: dict[str, str] = {"arith": "sara_demo.tasks.arith"}
 
 
 def get_task(name: str) -> ModuleType:
@@ -24,8 +24,15 @@ def get_task(name: str) -> ModuleType:
 
 
 def score(prompt: Mapping[str, Any], completion: str) -> float:
-    """Reward of `completion` for a PromptIn-shaped `prompt` dict, by its ``task``."""
-    return get_task(str(prompt.get("task", "arith"))).reward(completion, prompt)
+    """Reward of `completion` for a PromptIn-shaped `prompt` dict, by its ``task``: the worker's
+    verifier of that name when the prompt carries its answer, else the task's own reward (which
+    works the answer out from the prompt and asks the same verifier)."""
+    from sara_worker.verifiers import score as verify
+
+    task = str(prompt.get("task", "arith"))
+    if prompt.get("answer") is None:
+        return get_task(task).reward(completion, prompt)
+    return verify(task, completion, prompt.get("answer"), prompt.get("meta"))
 
 
 __all__ = ["TASKS", "get_task", "score"]

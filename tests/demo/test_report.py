@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("rich")
 
-from sara_trainer.demo_compare import compare  # noqa: E402
-from sara_trainer.report import comparison_rows, render_table, summary_rows  # noqa: E402
+from sara_demo.compare import compare  # noqa: E402
+from sara_demo.report import comparison_rows, render_table, summary_rows  # noqa: E402
 
 
 def _curve(accs):

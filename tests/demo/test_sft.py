@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from sara_demo.sft import lr_factor, sft
 from sara_trainer.policy import load_policy
-from sara_trainer.sft import lr_factor, sft
 
 
 def test_a_short_seeded_run_lowers_the_loss(tiny_dir):

@@ -1,0 +1,5 @@
+"""``python -m sara_cli ...``: the same as ``sara ...``."""
+
+from .main import main
+
+main()

@@ -1,0 +1,119 @@
+"""`sara worker`: lease, generate, verify and report rollouts until SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .common import DEFAULT_URL, LogFormatOpt, LogLevelOpt, UrlOpt, fail, option_values, \
+    setup_logging
+
+
+def worker(
+    backend: Annotated[str, typer.Option(help="sim, hf, openai, vllm (or a plug-in).")] = "sim",
+    url: UrlOpt = DEFAULT_URL,
+    token: Annotated[Optional[str], typer.Option(
+        "--token", envvar=["SARA_WORKER_TOKEN", "SARA_TOKEN"], help="Worker bearer token.")] = None,
+    worker_id: Annotated[Optional[str], typer.Option(help="Default: hostname-pid.")] = None,
+    capacity: Annotated[int, typer.Option(min=1, help="Most rollouts in flight at once.")] = 64,
+    lease_wait: Annotated[float, typer.Option(min=0, max=60, help="Lease long-poll, s.")] = 5.0,
+    report_batch: Annotated[int, typer.Option(min=1, help="Results per report call.")] = 16,
+    flush_ms: Annotated[float, typer.Option(min=0, help="Oldest result's wait before a "
+                                                          "report is sent, ms.")] = 100.0,
+    lease_ttl: Annotated[float, typer.Option(envvar="SARA_LEASE_TTL_S", min=0.001,
+                                             help="The scheduler's lease TTL, s; "
+                                                  "heartbeats every third of it.")] = 60.0,
+    max_rollouts: Annotated[Optional[int], typer.Option(min=0, help="Stop after leasing this "
+                                                                    "many.")] = None,
+    on_stop: Annotated[str, typer.Option(help="On SIGTERM: finish or abort in-flight "
+                                              "rollouts.")] = "finish",
+    drain_timeout: Annotated[float, typer.Option(min=0, help="Longest wait for in-flight "
+                                                             "rollouts on stop, s.")] = 60.0,
+    log_interval: Annotated[float, typer.Option(min=0.1, help="Counters logged every, s.")] = 30.0,
+    model: Annotated[Optional[str], typer.Option(help="Model name or path (hf, openai, "
+                                                      "vllm).")] = None,
+    backend_url: Annotated[Optional[str], typer.Option(help="Generation server URL "
+                                                            "(openai).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Backend seed (sim: outcomes).")] = None,
+    per_token_ms: Annotated[float, typer.Option(min=0, help="sim: simulated time per "
+                                                            "token, ms.")] = 0.0,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
+        envvar="SARA_VLLM_GPU_MEMORY_UTILIZATION", min=0.01, max=1.0,
+        help="vllm: share of the GPU's memory the engine may take (vLLM's default 0.9 leaves "
+             "no room for a trainer on the same GPU; see docs/gpu.md).")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(
+        "--option", "-o", help="Backend option KEY=VALUE (repeatable).")] = None,
+    log_level: LogLevelOpt = "info",
+    log_format: LogFormatOpt = None,
+) -> None:
+    """Lease, generate, verify and report rollouts until SIGTERM (then finish and exit 0)."""
+    import asyncio
+
+    if on_stop not in ("finish", "abort"):
+        raise fail("--on-stop is finish or abort", 2)
+    from sara_worker.support import WorkerConfig, default_worker_id
+
+    options = _backend_options(backend, model=model, base_url=backend_url, seed=seed,
+                               per_token_ms=per_token_ms,
+                               gpu_memory_utilization=gpu_memory_utilization, pairs=option)
+    config = WorkerConfig(
+        worker_id=worker_id or default_worker_id(), backend_name=backend, capacity=capacity,
+        lease_wait_s=lease_wait, report_batch=report_batch, flush_interval_s=flush_ms / 1000.0,
+        lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
+        drain_timeout_s=drain_timeout, log_interval_s=log_interval)
+    setup_logging(log_level, log_format, worker_id=config.worker_id)
+    typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={capacity} -> {url}")
+    try:
+        counters = asyncio.run(work(backend, options, config, url, token))
+    except ValueError as e:  # unknown backend, bad backend options
+        raise fail(f"sara worker: {e}", 2) from None
+    except Exception as e:  # WorkerError: credentials refused, policy not loadable, ...
+        raise fail(f"sara worker failed: {e}", 1) from None
+    typer.echo(f"sara: worker {config.worker_id} stopped: {counters.line()}")
+
+
+def _backend_options(backend: str, *, model: str | None, base_url: str | None,
+                     seed: int | None, per_token_ms: float,
+                     gpu_memory_utilization: float | None,
+                     pairs: list[str] | None) -> dict[str, Any]:
+    """The backend's keyword options: the named flags that apply to it, then --option pairs."""
+    options = {"model": model, "base_url": base_url, "seed": seed}
+    if backend == "sim":
+        options["per_token_s"] = per_token_ms / 1000.0
+    if backend == "vllm" and gpu_memory_utilization is not None:
+        options["gpu_memory_utilization"] = gpu_memory_utilization
+    options = {k: v for k, v in options.items() if v is not None}
+    options.update(option_values(pairs or []))
+    return options
+
+
+async def work(backend_name: str, options: dict[str, Any], config: Any, url: str,
+               token: Optional[str]) -> Any:
+    """Run one worker until SIGTERM/SIGINT (a second signal aborts what is in flight)."""
+    import asyncio
+
+    from sara_client import AsyncSaraClient
+    from sara_worker.backends import create_backend
+    from sara_worker.loop import WorkerLoop
+
+    backend = create_backend(backend_name, **options)
+    client = AsyncSaraClient(url, token=token)
+    loop = WorkerLoop(client, backend, config)
+    signals_seen = []
+
+    def on_signal() -> None:
+        signals_seen.append(1)
+        loop.stop(abort=True if len(signals_seen) > 1 else None)
+
+    aio = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aio.add_signal_handler(sig, on_signal)
+    try:
+        return await loop.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aio.remove_signal_handler(sig)
+        await backend.close()
+        await client.aclose()

@@ -1,0 +1,244 @@
+"""The RL phase of ``sara demo``: the scheduler in-process, an hf (or vllm) worker on the same
+event loop and the trainer on a thread, until ``rl_steps`` steps, the rollout budget or the time
+budget; held-out evaluations along the way.
+
+The trainer's SDK calls go to the in-process scheduler through the client's sync-over-async
+bridge (:class:`sara_client.local.BlockingClient`), so nothing listens on a port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import DemoConfig, say
+from .evaluate import heldout_accuracy
+
+log = logging.getLogger("sara.demo")
+
+
+class _Bars:
+    """Rich progress for the RL phase (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int, label: str, unit: str) -> None:
+        self._progress = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn(f"[bold]RL {label}"), BarColumn(bar_width=20),
+            TextColumn("{task.completed:,}/{task.total:,} " + unit),
+            TextColumn("step {task.fields[step]}"), TextColumn("held-out {task.fields[acc]}"),
+            TimeElapsedColumn())
+        self._task = self._progress.add_task("rl", total=total, acc="-", step=0)
+        self._progress.start()
+
+    def update(self, **fields: Any) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, **fields)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _make_backend(cfg: DemoConfig, model_dir: str):
+    from sara_worker.backends import create_backend
+
+    if cfg.backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError("--backend vllm: vllm is not importable here") from exc
+        import os
+
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: the tiny model needs little
+        return create_backend("vllm", model=model_dir, seed=cfg.seed, dtype="float32",
+                              enforce_eager=True, max_model_len=64)
+    if cfg.backend != "hf":
+        raise ValueError(f"backend is hf or vllm, not {cfg.backend!r}")
+    return create_backend("hf", model=model_dir, device="cpu", dtype="float32", seed=cfg.seed,
+                          max_batch=1024, batch_window_s=0.01, logprobs=True)
+
+
+async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], eval_set,
+                 before: dict, deadline: float, label: str = "") -> tuple:
+    """One RL run from `sft_dir` under ``cfg.policy``; returns (trainer, the scheduler's final
+    stats, the worker's counters, one history entry per step, the held-out evaluations)."""
+    import sara_client
+
+    tcfg = _trainer_config(cfg, work, sft_dir)
+    steps = _StepLog(cfg, tcfg, eval_set, before, label)
+    backend = _make_backend(cfg, sft_dir)
+    async with sara_client.alocal(data_dir=work / "redis", **_scheduler_settings(cfg)) as client:
+        for i in range(0, len(prompts), 1000):
+            await client.add_prompts(prompts[i:i + 1000])
+        trainer, counters, out_of_time = await _train_and_work(cfg, tcfg, client, backend, steps,
+                                                               deadline)
+        stats = await client.stats()
+    _check_end(cfg, trainer, out_of_time, steps.budget_spent.is_set())
+    return trainer, stats, counters, steps.history, steps.evals
+
+
+def _scheduler_settings(cfg: DemoConfig) -> dict[str, Any]:
+    """The in-process scheduler's settings (a fresh embedded Redis)."""
+    return dict(redis_url=None, policy=cfg.policy, selection=cfg.selection,
+                group_size=cfg.group_size, batch_size=cfg.batch_groups,
+                prefetch_batches=cfg.prefetch_batches, max_staleness=cfg.max_staleness,
+                temperature=1.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                lease_ttl_s=120.0, batch_ack_timeout_s=600.0)
+
+
+def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):
+    from sara_trainer.config import TrainerConfig
+
+    return TrainerConfig(
+        model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
+        threads=cfg.rl_threads, lr=cfg.lr, k=cfg.group_size, batch_groups=cfg.batch_groups,
+        micro_batch_rollouts=512, advantage_estimator=cfg.advantage_estimator,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
+        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
+        lr_warmup_steps=cfg.lr_warmup_steps, **cfg.trainer_options)
+
+
+def _make_worker(cfg: DemoConfig, client: Any, backend: Any):
+    from sara_worker.loop import WorkerLoop
+    from sara_worker.support import WorkerConfig
+
+    return WorkerLoop(client, backend, WorkerConfig(
+        worker_id=f"demo-{cfg.backend}", backend_name=cfg.backend,
+        capacity=cfg.batch_groups * cfg.group_size * 2, lease_wait_s=2.0, report_batch=128,
+        flush_interval_s=0.02, lease_ttl_s=120.0, on_stop="abort", drain_timeout_s=10.0,
+        log_interval_s=3600.0))
+
+
+async def _train_and_work(cfg: DemoConfig, tcfg: Any, client: Any, backend: Any,
+                          steps: _StepLog, deadline: float) -> tuple[Any, Any, bool]:
+    """The worker on this event loop and the trainer on a thread, until the trainer stops (its
+    steps, the rollout budget or `deadline`); (trainer, worker counters, out of time)."""
+    from sara_client.local import BlockingClient
+    from sara_trainer.loop import Trainer
+
+    loop = asyncio.get_running_loop()
+    worker = _make_worker(cfg, client, backend)
+    # the trainer loads its model before the worker starts: transformers' from_pretrained
+    # patches globals (tie_weights, default dtype) and two loads at once corrupt each other
+    trainer = await asyncio.to_thread(Trainer, BlockingClient(client, loop), tcfg,
+                                      on_step=steps.on_step)
+    steps.trainer = trainer
+    worker_task = asyncio.ensure_future(worker.run())
+    timer = loop.call_later(max(0.0, deadline - time.perf_counter()), steps.stop.set)
+    try:
+        await asyncio.to_thread(trainer.run, stop=steps.stop, timeout_s=cfg.batch_timeout_s)
+    finally:
+        timer.cancel()
+        out_of_time = steps.stop.is_set() and not steps.budget_spent.is_set()
+        steps.close()
+        worker.stop(abort=True)
+        try:
+            counters = await asyncio.wait_for(worker_task, 30.0)
+        finally:
+            await backend.close()
+    return trainer, counters, out_of_time
+
+
+def _check_end(cfg: DemoConfig, trainer: Any, out_of_time: bool, budget_spent: bool) -> None:
+    """Say when the time budget cut RL short; raise when batches stopped coming."""
+    if trainer.step < cfg.rl_steps and out_of_time:
+        log.warning("time budget reached: RL stopped after %d of %d steps", trainer.step,
+                    cfg.rl_steps)
+        say(cfg, f"    time budget reached: RL stopped after {trainer.step} of {cfg.rl_steps} "
+                  "steps")
+    elif trainer.step < cfg.rl_steps and not budget_spent:
+        raise RuntimeError(f"RL stopped at step {trainer.step} of {cfg.rl_steps}: no batch for "
+                           f"{cfg.batch_timeout_s:.0f}s (the policy may solve none or all of "
+                           "the prompts)")
+
+
+class _StepLog:
+    """What each trainer step leaves behind: the history entry, a held-out evaluation when one
+    is due, the tracking backends, the progress bars, and the stop once the budget is spent."""
+
+    def __init__(self, cfg: DemoConfig, tcfg: Any, eval_set, before: dict, label: str) -> None:
+        from sara_trainer.tracking import make_reporter
+
+        self.cfg, self.eval_set, self.trainer = cfg, eval_set, None
+        self.history: list[dict[str, Any]] = []
+        self.evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0,
+                       "tokens_cum": 0, "seconds_cum": 0.0}]
+        self.stop, self.budget_spent = threading.Event(), threading.Event()
+        self.by_rollouts = bool(cfg.rollout_budget)
+        self.bars = _Bars(cfg.progress, cfg.rollout_budget if self.by_rollouts else cfg.rl_steps,
+                          label, "rollouts" if self.by_rollouts else "steps")
+        # RL wall time without the held-out evaluations (they pause the trainer, not the worker)
+        self.rollouts, self.tokens, self.eval_s = 0, 0, 0.0
+        self.start = time.perf_counter()
+        # each arm's own run, outside the work dir the next demo deletes: TensorBoard
+        # (--logdir OUT/runs), W&B, ... chart SARA and DS side by side
+        self.reporter = make_reporter(cfg.report_to, Path(cfg.out) / "runs" / cfg.policy,
+                                      run_name=cfg.policy, config=tcfg.to_dict())
+        self.reporter.log_eval(0, {"heldout_accuracy": before["accuracy"]})
+
+    def on_step(self, report: Any) -> None:
+        self.reporter.log_step(report)
+        self.rollouts += report.batch_stats.get("rollouts_spent", 0)
+        self.tokens += report.batch_stats.get("tokens_spent", 0)
+        entry = self._entry(report)
+        if _eval_due(self.cfg, report.step, self.rollouts, self.evals):
+            entry["heldout_accuracy"] = self._evaluate(report.step, entry["seconds_cum"])
+        if self.cfg.rollout_budget and self.rollouts >= self.cfg.rollout_budget:
+            self.budget_spent.set()
+            self.stop.set()
+        self.history.append(entry)
+        done = min(self.rollouts, self.cfg.rollout_budget) if self.by_rollouts else report.step
+        self.bars.update(completed=done, step=report.step,
+                         acc=f"{100 * self.evals[-1]['accuracy']:.1f}%")
+
+    def _entry(self, report: Any) -> dict[str, Any]:
+        st, m = report.batch_stats, report.metrics
+        return {"step": report.step, "policy_version": report.policy_version,
+                "mean_reward": report.mean_reward, "loss": report.loss,
+                "groups": report.groups, "rollouts": report.rollouts,
+                "groups_mixed": int(m.get("groups_mixed", report.groups)),
+                "rollouts_mixed": int(m.get("rollouts_mixed", report.rollouts)),
+                "rollouts_spent": st.get("rollouts_spent", 0),
+                "groups_abandoned": st.get("groups_abandoned", 0),
+                "rollouts_cum": self.rollouts, "tokens_cum": self.tokens,
+                "seconds": report.seconds,
+                "seconds_cum": time.perf_counter() - self.start - self.eval_s,
+                "ratio_mean": m.get("ratio_mean"), "clip_frac": m.get("clip_frac"),
+                "staleness_mean": m.get("staleness_mean"),
+                "staleness_max": m.get("staleness_max")}
+
+    def _evaluate(self, step: int, seconds_cum: float) -> float:
+        """Held-out accuracy now (its time is not RL time); recorded and reported."""
+        started = time.perf_counter()
+        value = heldout_accuracy(self.trainer.model, self.trainer.tokenizer, self.eval_set,
+                                 self.cfg.max_new_tokens)["accuracy"]
+        self.eval_s += time.perf_counter() - started
+        self.evals.append({"step": step, "accuracy": value, "rollouts_cum": self.rollouts,
+                           "tokens_cum": self.tokens, "seconds_cum": seconds_cum})
+        self.reporter.log_eval(step, {"heldout_accuracy": value, "rollouts_cum": self.rollouts})
+        return value
+
+    def close(self) -> None:
+        self.stop.set()
+        self.bars.close()
+        self.reporter.close()
+
+
+def _eval_due(cfg: DemoConfig, step: int, rollouts: int, evals: list[dict]) -> bool:
+    """Whether the held-out evaluation runs after this step (never after the last one: the
+    final evaluation follows RL anyway)."""
+    if step >= cfg.rl_steps or (cfg.rollout_budget and rollouts >= cfg.rollout_budget):
+        return False
+    if cfg.eval_every_rollouts:
+        return rollouts // cfg.eval_every_rollouts > evals[-1]["rollouts_cum"] // \
+            cfg.eval_every_rollouts
+    return bool(cfg.eval_every) and step % cfg.eval_every == 0
