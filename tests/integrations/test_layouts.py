@@ -65,6 +65,20 @@ def test_verl_uids_and_v1_keys_fit_transfer_queue_key_parsing():
     assert all(k.split("_")[0] == k.rsplit("_", 2)[0] for k in keys)
 
 
+def test_verl_v1_records_are_unpadded_trajectories(sara):
+    batch = next_batch(sara, size=2)
+    keys, fields, tags = verl.v1_records(batch, encode, pad_token_id=0, global_steps=7)
+    for key, f, t, (g, r) in zip(keys, fields, tags, _rows(batch)):
+        assert key.split("_")[0] == f["uid"] == verl.uid_for(g.group_id)
+        assert f["prompts"].tolist() == encode(g.prompt) and f["responses"].tolist() == r.token_ids
+        assert f["input_ids"].tolist() == encode(g.prompt) + r.token_ids
+        assert f["rm_scores"].tolist() == [0.0] * (len(r.token_ids) - 1) + [r.reward]
+        assert f["rollout_log_probs"].tolist() == r.logprobs
+        assert (t["status"], t["global_steps"], t["sara_rollout_id"]) == \
+            ("success", 7, r.rollout_id)
+        assert t["seq_len"] == len(f["position_ids"]) == t["prompt_len"] + t["response_len"]
+
+
 def test_verl_lease_rows_and_results_round_trip(sara):
     lease = sara.lease("gen", max_rollouts=8)
     t, nt = verl.lease_tensors(lease, encode, pad_token_id=0)

@@ -96,3 +96,23 @@ def test_dataproto_rows_come_back_as_sara_results(batch):
     rows = [r for g in batch.groups for r in g.rollouts]
     assert [(b["rollout_id"], b["token_ids"], b["reward"], b["logprobs"]) for b in back] == \
         [(r.rollout_id, r.token_ids, r.reward, r.logprobs) for r in rows]
+
+
+def test_v1_records_take_verls_transfer_queue_path(batch):
+    """The records a SARA sampler puts into TransferQueue, through verl's own TensorDict builder
+    and the steps of v1 `PPOTrainer._compute_advantage` (its fetch from TransferQueue aside)."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    keys, fields, tags = glue.v1_records(batch, encode, pad_token_id=0, global_steps=3)
+    assert [t["seq_len"] for t in tags] == [len(f["input_ids"]) for f in fields]
+    td = list_of_dict_to_tensordict(fields)              # what kv_batch_put stores
+    data = td.select("uid", "response_mask", "rm_scores", "rollout_log_probs")
+    data = DataProto(batch=data.to_padded_tensor())      # _compute_advantage, as verl does it
+    data.batch["token_level_scores"] = data.batch["rm_scores"]
+    data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    out = compute_advantage_for_multi_trajectories(
+        data, batch_keys=keys, adv_estimator=AdvantageEstimator.GRPO, num_repeat=K)
+    mask = out.batch["response_mask"].bool()
+    per_row = torch.stack([out.batch["advantages"][i][mask[i]][0] for i in range(len(out))])
+    assert torch.allclose(per_row, _expected(batch), atol=1e-4)

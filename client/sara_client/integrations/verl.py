@@ -8,9 +8,9 @@ managers write it). :func:`batch_tensors` turns a SARA batch into exactly that, 
 delivered rollout, each group's k rows contiguous, ``uid`` = a name derived from SARA's
 ``group_id``, so verl's own GRPO advantage (``compute_advantage`` /
 ``compute_advantage_for_multi_trajectories``) groups what SARA grouped. :func:`to_dataproto`
-wraps it in verl's ``DataProto`` (imported only there). :func:`v1_keys` gives the
-``{uid}_{session_id}_{index}`` TransferQueue keys verl 0.9's v1 trainer stores trajectories
-under. The rollout side: :func:`lease_tensors` (generation input for leased rollouts, one row
+wraps it in verl's ``DataProto`` (imported only there). :func:`v1_records` gives the batch as
+verl 0.9's v1 trainer keeps trajectories in TransferQueue (keys ``{uid}_{session_id}_{index}``
+from :func:`v1_keys`, unpadded fields, tags), for a custom replay-buffer sampler. The rollout side: :func:`lease_tensors` (generation input for leased rollouts, one row
 each, ``rollout.n = 1``) and :func:`results_from_responses` (SARA results from the generated
 tokens and their scores).
 
@@ -145,6 +145,39 @@ def v1_keys(non_tensors: dict[str, np.ndarray]) -> list[str]:
         seen[uid] = session + 1
         keys.append(f"{uid}_{session}_0")
     return keys
+
+
+def v1_records(batch: Any, encode: Encode, pad_token_id: int, *, global_steps: int = 0,
+               max_response_length: int | None = None) -> tuple[
+                   list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(keys, fields, tags) of a SARA batch as verl 0.9's v1 trainer keeps trajectories in
+    TransferQueue (``tq.kv_batch_put(keys=..., fields=list_of_dict_to_tensordict(fields),
+    tags=...)``): one unpadded 1-D tensor per field and trajectory, as
+    ``AgentLoopWorkerTQ._agent_loop_postprocess`` writes them, the score as ``rm_scores`` on the
+    last response token, ``uid`` as a field, and the tags the replay buffer and batch balancing
+    read."""
+    tensors, non_tensors = batch_tensors(batch, encode, pad_token_id,
+                                         max_response_length=max_response_length)
+    keys, fields, tags = v1_keys(non_tensors), [], []
+    width = tensors["prompts"].shape[1]
+    for i, uid in enumerate(non_tensors["uid"]):
+        pmask = tensors["attention_mask"][i, :width].bool()
+        rmask = tensors["response_mask"][i].bool()
+        prompt, response = tensors["prompts"][i][pmask], tensors["responses"][i][rmask]
+        n = len(prompt) + len(response)
+        field = {"uid": str(uid), "prompts": prompt, "responses": response,
+                 "response_mask": torch.ones(len(response), dtype=torch.long),
+                 "input_ids": torch.cat([prompt, response]),
+                 "attention_mask": torch.ones(n, dtype=torch.long),
+                 "position_ids": torch.arange(n, dtype=torch.long),
+                 "rm_scores": tensors["token_level_scores"][i][rmask]}
+        if "rollout_log_probs" in tensors:
+            field["rollout_log_probs"] = tensors["rollout_log_probs"][i][rmask]
+        fields.append(field)
+        tags.append({"status": "success", "prompt_len": len(prompt),
+                     "response_len": len(response), "seq_len": n, "global_steps": global_steps,
+                     "sara_rollout_id": str(non_tensors["sara_rollout_id"][i])})
+    return keys, fields, tags
 
 
 def lease_tensors(lease: Any, encode: Encode, pad_token_id: int) -> tuple[
