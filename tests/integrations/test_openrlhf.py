@@ -1,0 +1,73 @@
+"""SARA batches through OpenRLHF's own objects at the recipe's touch point (docs/integration.md,
+section 8), checked against OpenRLHF 0.11.2: ``SaraSamplesGenerator.generate_samples`` (the
+drop-in for ``PPOTrainer.samples_generator``) returns real ``Experience`` objects built from a
+real SARA batch (the real app on the tests' real Redis), which OpenRLHF's own
+``Experience.concat_experiences`` (what ``RemoteExperienceMaker.split_rollout_samples`` does)
+and ``split_experience_batch`` handle, groups contiguous for ``group_norm``; where OpenRLHF's
+``SamplesGenerator`` itself imports (it needs ray and vllm), the Experiences equal the ones its
+``_process_response_into_experience`` makes from the same responses.
+
+Skipped where OpenRLHF does not import. ``pip install openrlhf`` cannot complete on a CPU-only
+box (it pins flash-attn==2.8.3, whose build needs a CUDA torch); CI installs the package with
+``--no-deps`` (.ci/run), which is enough for ``Experience``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sara_service")
+try:
+    from openrlhf.trainer.ppo_utils.experience import Experience, split_experience_batch
+except Exception as exc:  # noqa: BLE001 - ImportError, or a dependency's own import error
+    pytest.skip(f"OpenRLHF is not importable here: {type(exc).__name__}: {exc}",
+                allow_module_level=True)
+
+from sara_client.integrations import openrlhf as glue  # noqa: E402
+
+from .conftest import K  # noqa: E402
+from ._drive import encode, fake_generate, next_batch  # noqa: E402
+
+
+def test_generate_samples_returns_openrlhf_experiences(sara):
+    rng = random.Random(7)
+    gen = glue.SaraSamplesGenerator(
+        sara, lambda rollouts, kw: fake_generate(rollouts, rng, sara.get_policy().version),
+        encode, groups_per_step=2)
+    exps, rate, groups, exhausted = gen.generate_samples(max_len=64, n_samples_per_prompt=K)
+    assert all(isinstance(e, Experience) for e in exps)
+    assert (len(exps), rate, groups, exhausted) == (2 * K, None, 2, False)
+    # what RemoteExperienceMaker.split_rollout_samples does with them
+    for i, e in enumerate(exps):
+        e.index = [i]
+    merged = Experience.concat_experiences(exps, 0)
+    assert merged.sequences.shape[0] == 2 * K
+    assert merged.rewards.tolist() == [float(e.rewards) for e in exps]
+    # compute_advantages_and_returns: rewards.reshape(-1, n_samples_per_prompt) -> SARA's groups
+    by_group = merged.rewards.reshape(-1, K)
+    assert (by_group.std(-1) > 0).all()
+    norm = (by_group - by_group.mean(-1, keepdim=True)) / (by_group.std(-1, keepdim=True) + 1e-9)
+    assert (norm.abs().sum(-1) > 0).all()
+    again = split_experience_batch(merged)
+    assert len(again) == 2 * K
+    assert all(torch.equal(a.sequences.reshape(-1), merged.sequences[i])
+               for i, a in enumerate(again))
+    gen.generate_samples(max_len=64)
+    assert gen.batches_acked == 1
+
+
+def test_experiences_match_openrlhfs_own_builder(sara):
+    try:
+        from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"OpenRLHF's SamplesGenerator needs ray and vllm: {exc}")
+    batch = next_batch(sara, size=2, seed=9)
+    for response in glue.batch_responses(batch, encode):
+        theirs = SamplesGenerator._process_response_into_experience(None, response, max_len=64)
+        ours = glue.experience_from_response(response, Experience, max_len=64)
+        for name in ("sequences", "attention_mask", "action_mask", "rollout_log_probs",
+                     "rewards", "scores", "response_length", "truncated", "total_length"):
+            assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+        assert (ours.prompts, ours.labels) == (theirs.prompts, theirs.labels)
