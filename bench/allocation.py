@@ -1528,14 +1528,14 @@ def _cpu_seconds() -> tuple[float, float]:
 
 
 def header(cfgs: list[Config], methods: list[str], argv: list[str], seconds: float,
-           jobs_n: int) -> str:
+           jobs_n: int, code: str | None = None) -> str:
     cfg = cfgs[0]
     seeds = sorted({c.seed for c in cfgs})
     own, kids = _cpu_seconds()
     return "\n".join([
         "SARA allocation efficiency through the real scheduler (bench/allocation.py)",
         f"date:      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-        f"code:      {git_state()}",
+        f"code:      {code or git_state()}",
         f"command:   {shlex.join(['python', 'bench/allocation.py', *argv])}",
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; {jobs_n} runs at a time; {seconds:.0f}s in all, "
@@ -1636,12 +1636,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown pool {cfg.pool!r}; choose from {', '.join(POOLS)}")
     if args.grid and "sara-auto" not in methods:
         methods.append("sara-auto")
+    # the code the runs use, read before they start: edits during a long run are not in it
+    code = git_state()
     started = time.perf_counter()
     rows = run_all(cfgs, methods, args.jobs, show_progress=not args.no_progress)
     grid = (run_grid(cfgs, args.jobs, not args.no_progress, args.grid_near)
             if args.grid else [])
     seconds = time.perf_counter() - started
-    text = header(cfgs, methods, argv, seconds, args.jobs) + format_table(rows, cfgs)
+    text = header(cfgs, methods, argv, seconds, args.jobs, code) + format_table(rows, cfgs)
     summaries: list[dict[str, Any]] = []
     if grid:
         summaries, table = grid_summary(rows, grid, cfgs, args.grid_near)
@@ -1658,7 +1660,7 @@ def main(argv: list[str] | None = None) -> int:
         path(".txt").write_text(text + "\n")
         meta = {"command": shlex.join(["python", "bench/allocation.py", *argv]),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "code": git_state(), "seconds": seconds,
+                "code": code, "seconds": seconds,
                 "configs": [asdict(c) for c in cfgs], "methods": methods}
         path(".json").write_text(json.dumps({"meta": meta, "results": rows, "grid": grid,
                                              "grid_summary": summaries},
