@@ -163,7 +163,7 @@ METHODS = {m.key: m for m in (
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
 # the same code (sara_service.autoprice) on the same store reads, so it would check nothing
-# independent. Its reference is the grid of fixed τ instead (`grid_rows`), exact per pool.
+# independent. Its reference is the grid of fixed τ instead (`grid_summary`), exact per pool.
 # The grid of fixed τ that sara-auto is judged against (`--grid`): registered here so that
 # worker processes can look them up by key; not in the default method list.
 # What `python bench/allocation.py` runs without --methods: the old-rule rows are opt-in.
