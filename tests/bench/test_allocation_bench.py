@@ -213,3 +213,47 @@ def test_audit_sampling_is_mirrored_by_the_reference_model(tmp_path):
     assert sara["measured"]["counters"]["audits_mixed"] + \
         sara["measured"]["counters"]["audits_pure"] > 0
     assert bench.audit_draw(3, "p1", 0, 0.0) is False and bench.audit_draw(3, "p1", 0, 1.0)
+
+
+# ------------------------------------------------------- auto against the grid over seeds
+
+
+def test_grid_comparison_is_paired_by_seed():
+    """A seed shifts every run alike (one pool, one outcome stream): the paired s.e. of the gap
+    sees only the differences, so a steady 1% gap is met although the seeds spread by 10%."""
+    fixed = {"sara-0.6": {0: 10.0, 1: 11.0, 2: 12.0},     # best by the seed-mean
+             "sara-0.45": {0: 10.5, 1: 11.6, 2: 12.4}}
+    auto = {s: 1.01 * v for s, v in fixed["sara-0.6"].items()}
+    out = bench.compare_grid(auto, fixed, target=0.02)
+    best = out["best_measured"]
+    assert best["class"] == "sara-0.6" and best["gap"] == pytest.approx(0.01)
+    # differences 0.10, 0.11, 0.12: s.d. 0.01, over the best's mean 11
+    assert best["gap_se"] == pytest.approx(0.01 / 3 ** 0.5 / 11.0)
+    assert best["verdict"] == "met"
+    assert out["auto"][0] == pytest.approx(11.11) and out["auto"][1] > 0.5  # unpaired spread
+    # closed form picks its own best (here the other class), with its own gap
+    exact = {"sara-0.6": {0: 10.4, 1: 11.4, 2: 12.4}, "sara-0.45": {0: 10.2, 1: 11.2, 2: 12.2}}
+    out = bench.compare_grid(auto, fixed, exact, target=0.02)
+    assert out["best_exact"]["class"] == "sara-0.45"
+    assert out["best_exact"]["gap"] == pytest.approx(sum(auto.values()) / 33.6 - 1)
+
+
+def test_grid_verdicts():
+    assert bench.verdict(0.005, 0.01, 0.02) == "met"
+    assert bench.verdict(0.015, 0.01, 0.02).startswith("met at the mean")
+    assert bench.verdict(0.025, 0.01, 0.02) == "missed at the mean, within noise"
+    assert bench.verdict(0.04, 0.01, 0.02) == "missed beyond noise"
+    assert bench.verdict(0.01, None, 0.02).startswith("met (one seed")
+    assert bench.t95(4) == 2.78 and bench.t95(11) == 2.23 and bench.t95(100) == 1.96
+    m, se = bench.mean_se([1.0, 2.0, 3.0])
+    assert m == 2.0 and se == pytest.approx(1 / 3 ** 0.5)
+    assert bench.mean_se([5.0]) == (5.0, None)
+
+
+def test_grid_region_keeps_the_closed_form_best():
+    cfgs = [bench.Config(pool="standard", k=8, prompts=128, groups=256, seed=s) for s in (0, 1)]
+    everything = bench.grid_classes(8)
+    near = bench.near_classes(cfgs, 0.05)
+    assert 1 <= len(near) < len(everything) and all(c in everything for c in near)
+    assert (3, 3) in [limits for limits, _ in near]        # the best plan on this pool
+    assert bench.near_classes(cfgs, 10.0) == everything
