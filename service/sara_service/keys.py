@@ -96,6 +96,19 @@ class Keys:
     def open_groups(self) -> str:
         return self._k("groups:open")
 
+    # open yield: string, the open-groups zset's scores summed in units of 1e-9 groups (each
+    # score rounded alone), kept by the scripts that change the zset so flow control reads one
+    # number instead of scanning every open group
+    @property
+    def open_yield(self) -> str:
+        return self._k("groups:open:yield")
+
+    # wake: stream the scripts append to when rollouts become leasable, room opens for new
+    # groups ('lease') or groups become ready ('batch'); long polls of every replica wait on it
+    @property
+    def wake(self) -> str:
+        return self._k("wake")
+
     # ready: list of "<group_id>|<oldest policy version>" complete and waiting for a batch
     @property
     def ready(self) -> str:

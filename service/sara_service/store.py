@@ -28,6 +28,12 @@ SCRIPTS = ("open_groups", "lease", "expire_leases", "heartbeat", "apply_results"
            "ack_batch", "publish_policy", "add_prompts", "refill_epoch", "prune_workers",
            "prompt_state")
 
+def script_source(name: str) -> str:
+    """A script's text as Redis runs it: the shared prelude (lua/_prelude.lua), then the script."""
+    lua = resources.files("sara_service") / "lua"
+    return (lua / "_prelude.lua").read_text() + (lua / f"{name}.lua").read_text()
+
+
 @dataclass
 class LeasedRollout:
     rollout_id: str
@@ -49,20 +55,23 @@ class AppliedResults:
 
 def _result_args(results: list[RolloutResult], successes: list[int], args: list[Any],
                  base: int) -> dict[str, int]:
-    """Append apply_results.lua's 6 ARGV per result; returns group id -> its KEYS position
-    (from `base`). UnknownRollouts for an id that is no rollout id at all."""
+    """Append apply_results.lua's last ARGV, every result in one JSON list (packing six
+    arguments per result cost the client more than the script's work); returns group id -> its
+    KEYS position (from `base`). UnknownRollouts for an id that is no rollout id at all."""
     group_index: dict[str, int] = {}
     unknown: list[str] = []
+    rows = []
     for r, ok in zip(results, successes):
         parsed = split_rollout_id(r.rollout_id)
         if parsed is None:
             unknown.append(r.rollout_id)
             continue
         idx = group_index.setdefault(parsed[0], base + len(group_index))
-        args += [r.rollout_id, idx, ok, r.completion_tokens, r.policy_version,
-                 r.model_dump_json(exclude_none=True)]
+        rows.append([r.rollout_id, idx, ok, r.completion_tokens, r.policy_version,
+                     r.model_dump_json(exclude_none=True)])
     if unknown:
         raise UnknownRollouts(unknown)
+    args.append(json.dumps(rows, ensure_ascii=False))
     return group_index
 
 
@@ -72,9 +81,7 @@ class Store(RunControl):
     def __init__(self, client: aioredis.Redis, namespace: str) -> None:
         self.redis = client
         self.keys = Keys(namespace)
-        lua = resources.files("sara_service") / "lua"
-        self._scripts = {name: client.register_script((lua / f"{name}.lua").read_text())
-                         for name in SCRIPTS}
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
 
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return await self._scripts[name](keys=keys, args=args)
@@ -99,7 +106,8 @@ class Store(RunControl):
         for pid, content in contents:
             args += [pid, json.dumps(content)]
         created, maybe = await self._run(
-            "add_prompts", [k.prompts, k.posteriors, k.prompts_off, k.prompts_retired], args)
+            "add_prompts", [k.prompts, k.posteriors, k.prompts_off, k.prompts_retired, k.wake],
+            args)
         maybe = list(dict.fromkeys(_s(x) for x in maybe))
         stored = dict(zip(maybe, await self.redis.hmget(k.prompts, maybe) if maybe else []))
         return int(created), [pid for pid in maybe if stored[pid] is None or any(
@@ -200,7 +208,7 @@ class Store(RunControl):
                   "deliver_sat": int(plan.deliver_saturated), "commit": commit}
                  for gid, pid, plan in groups]
         keys = [k.stats, k.open_groups, k.ready, k.pending, k.slots, k.group_states,
-                k.group_prompt, k.posteriors, k.run_state, k.prompts_off,
+                k.group_prompt, k.posteriors, k.run_state, k.prompts_off, k.open_yield, k.wake,
                 *(k.group(gid) for gid, _, _ in groups)]
         return int(await self._run("open_groups", keys,
                                    [now, flow_target, json.dumps(specs), skipped,
@@ -210,7 +218,8 @@ class Store(RunControl):
     async def expire_leases(self, now: float, limit: int = 1000) -> int:
         """Re-queue rollouts whose lease expired; returns how many."""
         k = self.keys
-        return int(await self._run("expire_leases", [k.inflight, k.slots, k.pending, k.stats],
+        return int(await self._run("expire_leases", [k.inflight, k.slots, k.pending, k.stats,
+                                                    k.wake],
                                    [now, limit]))
 
     @_unavailable_on_redis_error
@@ -271,11 +280,11 @@ class Store(RunControl):
         lua_half_life = repr(half_life) if math.isfinite(half_life) else 0
         args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, lua_half_life,
                            len(results), ttl, int(holder_only)]
-        group_index = _result_args(results, successes, args, base=17)  # KEYS 1..16: below
+        group_index = _result_args(results, successes, args, base=19)  # KEYS 1..18: below
         keys = [k.slots, k.inflight, k.pending, k.stats, k.open_groups, k.ready, k.posteriors,
                 k.cancels, k.abandon_hist, k.workers, k.worker_info, k.policy, k.gc,
-                k.group_states, k.prompts, k.report(worker_id, report_id or ""),
-                *(k.group(g) for g in group_index)]
+                k.group_states, k.prompts, k.report(worker_id, report_id or ""), k.open_yield,
+                k.wake, *(k.group(g) for g in group_index)]
         out = await self._run("apply_results", keys, args)
         if _s(out[0]) == "unknown":
             raise UnknownRollouts([_s(x) for x in out[1]])
@@ -317,7 +326,7 @@ class Store(RunControl):
         """('new'|'redeliver', batch id) or ('none', None)."""
         k = self.keys
         keys = [k.ready, k.unacked, k.stats, k.policy, k.batch(batch_id), k.batch_window,
-                k.recent_batches, k.group_states, k.gc, k.run_state, k.open_groups]
+                k.recent_batches, k.group_states, k.gc, k.run_state, k.open_groups, k.wake]
         out = await self._run("form_batch", keys, [now, size, ack_deadline, max_staleness,
                                                    rollout_cap or 0, batch_id, retention_s])
         kind = _s(out[0])

@@ -7,9 +7,10 @@
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = max rollouts
 -- ARGV[5] = lease expiry time   ARGV[6] = key ttl in seconds   ARGV[7] = backend name ('' = unknown)
 -- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated)}
+-- Each key is read and written once per batch of popped ids, not once per rollout.
 local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local held = 'l|' .. lid .. '|' .. wid
-local out = {}
+local taken, seen = {}, {}
 local got = 0
 -- paused: nothing is leased (pending rollouts wait), but the worker is still seen and gets its
 -- cancels; checked here, in the same script, so no lease slips past a pause
@@ -17,23 +18,40 @@ if redis.call('GET', KEYS[13]) == 'paused' then want = 0 end
 while got < want do
   local popped = redis.call('LPOP', KEYS[1], want - got)
   if not popped then break end
-  for _, rid in ipairs(popped) do
+  local states = redis.call('HMGET', KEYS[2], unpack(popped))
+  for i, rid in ipairs(popped) do
     -- cancelled or already answered slots stay in the queue until popped: skip them here
-    if redis.call('HGET', KEYS[2], rid) == 'p' then
-      redis.call('HSET', KEYS[2], rid, held)
-      redis.call('ZADD', KEYS[3], ARGV[5], rid)
-      redis.call('SADD', KEYS[7], rid)
-      local gid = string.match(rid, '^(.*):%d+$')
-      local pid = redis.call('HGET', KEYS[9], gid)
-      out[#out + 1] = rid
-      out[#out + 1] = pid
-      -- a group in flight still runs after its prompt was deleted: its content is retired
-      out[#out + 1] = redis.call('HGET', KEYS[10], pid) or redis.call('HGET', KEYS[14], pid)
+    if states[i] == 'p' and not seen[rid] then
+      seen[rid] = true
+      taken[#taken + 1] = rid
       got = got + 1
     end
   end
 end
+local out = {}
 if got > 0 then
+  local slots, scored, gids = {}, {}, {}
+  for i, rid in ipairs(taken) do
+    slots[2 * i - 1], slots[2 * i] = rid, held
+    scored[2 * i - 1], scored[2 * i] = ARGV[5], rid
+    gids[i] = string.match(rid, '^(.*):%d+$')
+  end
+  call_chunked('HSET', KEYS[2], slots)
+  call_chunked('ZADD', KEYS[3], scored)
+  call_chunked('SADD', KEYS[7], taken)
+  local pids = redis.call('HMGET', KEYS[9], unpack(gids))
+  local content = redis.call('HMGET', KEYS[10], unpack(pids))
+  local retired = nil
+  for i, rid in ipairs(taken) do
+    -- a group in flight still runs after its prompt was deleted: its content is retired
+    if not content[i] then
+      retired = retired or redis.call('HMGET', KEYS[14], unpack(pids))
+      content[i] = retired[i]
+    end
+    out[#out + 1] = rid
+    out[#out + 1] = pids[i]
+    out[#out + 1] = content[i]
+  end
   -- a lease topped up by a second call in the same request is still one lease
   if redis.call('EXISTS', KEYS[6]) == 0 then
     redis.call('HINCRBY', KEYS[4], 'leases_granted', 1)
@@ -49,5 +67,5 @@ end
 redis.call('ZADD', KEYS[8], ARGV[1], wid)
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[11], wid .. '|backend', ARGV[7]) end
 local cancel = redis.call('HGET', KEYS[5], wid) or ''
-redis.call('HDEL', KEYS[5], wid)
+if cancel ~= '' then redis.call('HDEL', KEYS[5], wid) end
 return {out, cancel}
