@@ -1,13 +1,12 @@
 """The scheduler: turns API calls into store transitions, using the pure allocation math.
 
 It holds no state of its own beyond caches derived from settings, so any number of replicas can
-serve one namespace. The clock is injected (tests move it by hand); long-polls re-check the store
-every `poll_interval_s` until their deadline.
+serve one namespace. The clock is injected (tests move it by hand); a long poll waits for the
+run's wake stream (see `wake`), re-checking at least every `poll_interval_s`, until its deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
@@ -30,6 +29,7 @@ from .selection import (
 )
 from .settings import Settings
 from .store import Store, stored_int
+from .wake import Ticket, Wakeups
 
 Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
@@ -63,6 +63,7 @@ class Scheduler:
         self.store = store
         self.clock = clock or time.time
         self.stopping = False  # set on SIGTERM: long polls answer at once, empty
+        self.wakeups = Wakeups(store.redis, store.keys.wake)
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
@@ -81,15 +82,25 @@ class Scheduler:
         return self.settings.prefetch_batches * self.settings.batch_size
 
     def begin_shutdown(self) -> None:
-        """Answer every long poll now, and every later one at once: the process is stopping."""
+        """Answer every long poll now, and every later one at once: the process is stopping.
+        Safe from a signal handler."""
         self.stopping = True
+        self.wakeups.stop()
 
-    async def _sleep_until_next_poll(self, deadline: float) -> bool:
-        """Wait one poll interval; False when the deadline has passed or shutdown has begun."""
+    async def _ticket(self, kind: str, deadline: float) -> Ticket | None:
+        """A claim on the next wake-up, taken before the store is checked; None when this
+        call will not wait (no time left, or shutting down)."""
         if self.stopping or self.clock() >= deadline:
+            return None
+        return await self.wakeups.ticket(kind)
+
+    async def _wait_for_wake(self, ticket: Ticket | None, kind: str, deadline: float) -> bool:
+        """Wait until something of `kind` changes in Redis (any replica), at most
+        poll_interval_s; False when the deadline has passed or shutdown has begun."""
+        if ticket is None or self.stopping or self.clock() >= deadline:
             return False
-        await asyncio.sleep(self.settings.poll_interval_s)
-        return True
+        timeout = min(self.settings.poll_interval_s, max(0.0, deadline - self.clock()))
+        return await self.wakeups.wait(ticket, kind, timeout) != "stopped"
 
     # --- prompts ---------------------------------------------------------------------------------
 
@@ -192,6 +203,7 @@ class Scheduler:
         deadline = self.clock() + req.wait_s
         key_ttl = self._lease_key_ttl()
         while True:
+            ticket = await self._ticket("lease", deadline)
             now = self.clock()
             await self.store.expire_leases(now)
             expires_at = now + s.lease_ttl_s
@@ -204,7 +216,7 @@ class Scheduler:
                         key_ttl, req.backend)
                     leased += more
                     cancel += cancel_more
-            if leased or cancel or not await self._sleep_until_next_poll(deadline):
+            if leased or cancel or not await self._wait_for_wake(ticket, "lease", deadline):
                 break
         rollouts = [Rollout(rollout_id=r.rollout_id, group_id=r.group_id, prompt_id=r.prompt_id,
                             prompt=r.prompt["prompt"], task=r.prompt.get("task", "exact"),
@@ -260,6 +272,7 @@ class Scheduler:
         size = req.size or s.batch_size
         deadline = self.clock() + req.wait_s
         while True:
+            ticket = await self._ticket("batch", deadline)
             now = self.clock()
             kind, batch_id = await self.store.form_batch(
                 now, size, now + s.batch_ack_timeout_s, s.max_staleness,
@@ -268,7 +281,7 @@ class Scheduler:
                 await self._note_estimate(batch_id)
             if kind != "none" and batch_id:
                 return await self._load_batch(batch_id, redelivered=kind == "redeliver")
-            if not await self._sleep_until_next_poll(deadline):
+            if not await self._wait_for_wake(ticket, "batch", deadline):
                 return None
 
     async def _note_estimate(self, batch_id: str) -> None:
