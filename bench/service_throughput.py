@@ -56,6 +56,7 @@ import httpx
 from sara_client import AsyncSaraClient
 from sara_service.embedded import EmbeddedRedis, free_port
 from sara_service.pools import standard_pool
+from sara_service.store import SCRIPTS, script_source
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "service_throughput.txt"
@@ -346,8 +347,7 @@ def redis_commandstats(url: str, reset: bool = False) -> dict[str, tuple[int, fl
 
 def script_names() -> dict[str, str]:
     """sha1 -> script name of every service Lua script (how EVALSHA names them)."""
-    lua = ROOT / "service" / "sara_service" / "lua"
-    return {hashlib.sha1(f.read_text().encode()).hexdigest(): f.stem for f in lua.glob("*.lua")}
+    return {hashlib.sha1(script_source(name).encode()).hexdigest(): name for name in SCRIPTS}
 
 
 def slowlog_start(url: str) -> None:
@@ -479,11 +479,12 @@ def redis_benchmark(port: int, n: int) -> list[tuple[str, str]]:
 
     client = redis_py.Redis(port=port)
     trivial = "return 1"
-    lease_lua = (ROOT / "service" / "sara_service" / "lua" / "lease.lua").read_text()
+    lease_lua = script_source("lease")
     rows = []
     k = Keys("redis-benchmark")
     lease_keys = [k.pending, k.slots, k.inflight, k.stats, k.cancels, k.lease("lb"),
-                  k.lease_rollouts("lb"), k.workers, k.group_prompt, k.prompts, k.worker_info]
+                  k.lease_rollouts("lb"), k.workers, k.group_prompt, k.prompts, k.worker_info,
+                  k.policy, k.run_state, k.prompts_retired]
     for label, script, keys, argv in [
             ("EVALSHA `return 1`", trivial, [], []),
             ("EVALSHA lease.lua, empty queue", lease_lua, lease_keys,
