@@ -35,6 +35,7 @@ Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
 # worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
 _NO_OUTCOME = {"abort": -1, "error": -2}
+EXPIRE_BATCH = 1000  # expired leases a lease call re-queues first (upkeep takes the rest)
 
 
 def _new_id(prefix: str) -> str:
@@ -87,12 +88,12 @@ class Scheduler:
         self.stopping = True
         self.wakeups.stop()
 
-    async def _ticket(self, kind: str, deadline: float) -> Ticket | None:
+    async def _ticket(self, kind: str, deadline: float, need: int = 1) -> Ticket | None:
         """A claim on the next wake-up, taken before the store is checked; None when this
         call will not wait (no time left, or shutting down)."""
         if self.stopping or self.clock() >= deadline:
             return None
-        return await self.wakeups.ticket(kind)
+        return await self.wakeups.ticket(kind, need)
 
     async def _wait_for_wake(self, ticket: Ticket | None, kind: str, deadline: float) -> bool:
         """Wait until something of `kind` changes in Redis (any replica), at most
@@ -205,13 +206,14 @@ class Scheduler:
         while True:
             ticket = await self._ticket("lease", deadline)
             now = self.clock()
-            await self.store.expire_leases(now)
             expires_at = now + s.lease_ttl_s
-            leased, cancel = await self.store.lease(now, req.worker_id, lease_id, req.max_rollouts,
-                                                    expires_at, key_ttl, req.backend)
+            # expired leases go back to the queue in the same script (EXPIRE_BATCH at a time)
+            leased, cancel, policy = await self.store.lease_with_policy(
+                now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
+                expire_limit=EXPIRE_BATCH)
             if len(leased) < req.max_rollouts:
                 if await self.open_groups_for(now, req.max_rollouts - len(leased)):
-                    more, cancel_more = await self.store.lease(
+                    more, cancel_more, policy = await self.store.lease_with_policy(
                         now, req.worker_id, lease_id, req.max_rollouts - len(leased), expires_at,
                         key_ttl, req.backend)
                     leased += more
@@ -224,8 +226,7 @@ class Scheduler:
                             sampling=self._sampling) for r in leased]
         return LeaseResponse(lease_id=lease_id if rollouts else None,
                              expires_at=expires_at if rollouts else None,
-                             policy=await self.store.get_policy(), rollouts=rollouts,
-                             cancel=cancel)
+                             policy=policy, rollouts=rollouts, cancel=cancel)
 
     def _lease_key_ttl(self) -> int:
         """Seconds a lease's keys live past their last lease or heartbeat."""
@@ -272,7 +273,9 @@ class Scheduler:
         size = req.size or s.batch_size
         deadline = self.clock() + req.wait_s
         while True:
-            ticket = await self._ticket("batch", deadline)
+            # under a rollout cap a batch may close with fewer groups: wake on any ready group
+            need = size if s.max_rollouts_per_batch is None else 1
+            ticket = await self._ticket("batch", deadline, need)
             now = self.clock()
             kind, batch_id = await self.store.form_batch(
                 now, size, now + s.batch_ack_timeout_s, s.max_staleness,

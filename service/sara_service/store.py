@@ -7,6 +7,7 @@ unreachable surfaces as `StoreUnavailable`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ def script_source(name: str) -> str:
     """A script's text as Redis runs it: the shared prelude (lua/_prelude.lua), then the script."""
     lua = resources.files("sara_service") / "lua"
     return (lua / "_prelude.lua").read_text() + (lua / f"{name}.lua").read_text()
+
+
+# A prompt is leased once per rollout of its group: decoding (and checking its meta) once per
+# stored content, not per rollout, was most of a lease's CPU. Keyed by the stored bytes, so
+# new content is a new entry; callers only read the dict.
+_leased_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
 
 
 @dataclass
@@ -227,18 +234,32 @@ class Store(RunControl):
                     expires_at: float, key_ttl_s: int, backend: str | None
                     ) -> tuple[list[LeasedRollout], list[str]]:
         """Lease pending rollouts to a worker; returns (rollouts, cancel list)."""
+        rollouts, cancel, _ = await self.lease_with_policy(now, worker_id, lease_id, max_rollouts,
+                                                           expires_at, key_ttl_s, backend)
+        return rollouts, cancel
+
+    @_unavailable_on_redis_error
+    async def lease_with_policy(self, now: float, worker_id: str, lease_id: str,
+                                max_rollouts: int, expires_at: float, key_ttl_s: int,
+                                backend: str | None, expire_limit: int = 0
+                                ) -> tuple[list[LeasedRollout], list[str], PolicyInfo]:
+        """`lease`, plus the policy in force, after first re-queueing up to `expire_limit`
+        rollouts whose lease expired (as `expire_leases`): one round trip where a lease call
+        took three."""
         k = self.keys
         keys = [k.pending, k.slots, k.inflight, k.stats, k.cancels, k.lease(lease_id),
                 k.lease_rollouts(lease_id), k.workers, k.group_prompt, k.prompts, k.worker_info,
-                k.policy, k.run_state, k.prompts_retired]
-        flat, cancel = await self._run("lease", keys, [now, worker_id, lease_id, max_rollouts,
-                                                       expires_at, key_ttl_s, backend or ""])
+                k.policy, k.run_state, k.prompts_retired, k.wake]
+        flat, cancel, version, checkpoint = await self._run(
+            "lease", keys, [now, worker_id, lease_id, max_rollouts, expires_at, key_ttl_s,
+                            backend or "", expire_limit])
         rollouts = []
         for i in range(0, len(flat), 3):
             rid, pid = _s(flat[i]), _s(flat[i + 1])
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
-            rollouts.append(LeasedRollout(rid, group_id, pid, decode_prompt(flat[i + 2])))
-        return rollouts, _s(cancel).split()
+            rollouts.append(LeasedRollout(rid, group_id, pid, _leased_prompt(flat[i + 2])))
+        policy = PolicyInfo(version=stored_int(version), checkpoint=_s(checkpoint) or None)
+        return rollouts, _s(cancel).split(), policy
 
     @_unavailable_on_redis_error
     async def heartbeat(self, now: float, worker_id: str, lease_id: str,
@@ -434,15 +455,15 @@ class Store(RunControl):
         for gid in due:
             pipe.hget(k.group(gid), "issued")
         issued = await pipe.execute()
+        # one command per key for the whole round, not five per group
+        slots = [f"{gid}:{i}" for gid, n in zip(due, issued) for i in range(int(n or 0))]
         pipe = self.redis.pipeline(transaction=False)
-        for gid, n in zip(due, issued):
-            slots = [f"{gid}:{i}" for i in range(int(n or 0))]
-            if slots:
-                pipe.hdel(k.slots, *slots)
-            pipe.delete(k.group(gid))
-            pipe.hdel(k.group_states, gid)
-            pipe.hdel(k.group_prompt, gid)
-            pipe.zrem(k.gc, gid)
+        if slots:
+            pipe.hdel(k.slots, *slots)
+        pipe.delete(*(k.group(gid) for gid in due))
+        pipe.hdel(k.group_states, *due)
+        pipe.hdel(k.group_prompt, *due)
+        pipe.zrem(k.gc, *due)
         await pipe.execute()
         return len(due)
 

@@ -38,10 +38,12 @@ class WakeStats:
 
 
 class Ticket:
-    """One poll's claim on the next notification of its kind."""
+    """One poll's claim on the next notification of its kind; a batch poll's only on one that
+    says at least `need` groups are ready (or any size may go: a draining run, say)."""
 
-    def __init__(self, event: asyncio.Event) -> None:
-        self.event = event
+    def __init__(self, kind: str, need: int) -> None:
+        self.kind, self.need = kind, need
+        self.event = asyncio.Event()
 
 
 def _dedicated_client(client: Any, block_s: float) -> Any:
@@ -59,13 +61,22 @@ def _dedicated_client(client: Any, block_s: float) -> Any:
     return type(client)(connection_pool=own)
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _field(fields: dict, name: str, default: str) -> str:
+    """A stream entry's field, whether the client decodes replies or not."""
+    return _text(fields.get(name.encode(), fields.get(name, default)))
+
+
 class Wakeups:
     """Local waiters of one namespace, woken by its wake stream."""
 
     def __init__(self, client: Any, stream: str, block_s: float = 5.0) -> None:
         self.client, self.stream, self.block_s = client, stream, block_s
         self.stats = WakeStats()
-        self._events = {kind: asyncio.Event() for kind in KINDS}
+        self._tickets: dict[str, set[Ticket]] = {kind: set() for kind in KINDS}
         self._listener: asyncio.Task | None = None
         self._reader: Any = None
         self._started: asyncio.Future | None = None
@@ -74,10 +85,13 @@ class Wakeups:
         self._waiting_changed = asyncio.Event()
         self.stopping = False
 
-    async def ticket(self, kind: str) -> Ticket:
-        """Take before checking the store: the ticket fires for any notification after now."""
+    async def ticket(self, kind: str, need: int = 1) -> Ticket:
+        """Take before checking the store: the ticket fires for any notification after now
+        (for 'batch', one with `need` groups ready or more). Waiting ends it."""
         await self._ensure_listening()
-        return Ticket(self._events[kind])
+        ticket = Ticket(kind, need)
+        self._tickets[kind].add(ticket)
+        return ticket
 
     async def wait(self, ticket: Ticket, kind: str, timeout_s: float) -> str:
         """Until the ticket fires, `timeout_s` passes or shutdown begins: 'woken' | 'fallback' |
@@ -93,6 +107,7 @@ class Wakeups:
             how = "stopped" if self.stopping else "fallback"
         finally:
             self._set_waiting(-1)
+            self._tickets[kind].discard(ticket)
         if how == "stopped":
             self.stats.stopped += 1
         else:
@@ -114,10 +129,13 @@ class Wakeups:
         self._waiting += delta
         self._waiting_changed.set()
 
-    def fire(self, kind: str) -> None:
-        """Wake every local waiter of `kind` (the listener calls this per notification)."""
-        event, self._events[kind] = self._events[kind], asyncio.Event()
-        event.set()
+    def fire(self, kind: str, ready: int = -1) -> None:
+        """Wake the local waiters of `kind` (the listener calls this per notification); for
+        'batch', those that need at most `ready` groups (-1: all of them)."""
+        for ticket in list(self._tickets[kind]):
+            if kind != "batch" or ready < 0 or ticket.need <= ready:
+                ticket.event.set()
+                self._tickets[kind].discard(ticket)
 
     def stop(self) -> None:
         """Wake every waiter now, for good: the process is stopping. Safe from a signal handler
@@ -158,10 +176,7 @@ class Wakeups:
 
     async def _last_id(self) -> str:
         newest = await self._reader.xrevrange(self.stream, count=1)
-        if not newest:
-            return "0-0"
-        raw = newest[0][0]
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return _text(newest[0][0]) if newest else "0-0"
 
     async def _listen(self, started: asyncio.Future) -> None:
         last: str | None = None
@@ -185,11 +200,17 @@ class Wakeups:
                 await asyncio.sleep(1.0)
                 continue
             for _, entries in reply or []:
-                kinds = set()
+                lease, ready = False, None
                 for entry_id, fields in entries:
-                    last = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-                    kind = fields.get(b"w", fields.get("w", b""))
-                    kinds.add(kind.decode() if isinstance(kind, bytes) else str(kind))
-                for kind in KINDS:
-                    if kind in kinds:
-                        self.fire(kind)
+                    last = _text(entry_id)
+                    kind = _field(fields, "w", "")
+                    if kind == "lease":
+                        lease = True
+                    elif kind == "batch":  # 'n': groups ready then; absent or -1: any size
+                        n = int(_field(fields, "n", "-1"))
+                        ready = -1 if n < 0 or (ready is not None and ready < 0) \
+                            else max(ready or 0, n)
+                if lease:
+                    self.fire("lease")
+                if ready is not None:
+                    self.fire("batch", ready)

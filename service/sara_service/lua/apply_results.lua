@@ -462,7 +462,10 @@ end
 hset_map(S, slot_writes)
 if #infl_rem > 0 then call_chunked('ZREM', INFL, infl_rem) end
 if #pend_push > 0 then call_chunked('LPUSH', PEND, pend_push) end
-if #ready_push > 0 then call_chunked('RPUSH', READY, ready_push) end
+-- the ready list's length goes with the wake-up: a trainer waiting for a batch of n groups
+-- sleeps on through fewer
+local ready_len = 0
+if #ready_push > 0 then ready_len = redis.call('RPUSH', READY, unpack(ready_push)) end
 hset_map(GSTATE, gstate_writes)
 if #gc_add > 0 then call_chunked('ZADD', GC, gc_add) end
 for _, gid in ipairs(gids) do
@@ -491,7 +494,11 @@ if #open_order > 0 then
     end
   end
   if #adds > 0 then call_chunked('ZADD', OPEN, adds) end
-  if #rems > 0 then call_chunked('ZREM', OPEN, rems) end
+  if #rems > 0 then
+    call_chunked('ZREM', OPEN, rems)
+    -- no group left open: a draining run delivers what is ready, however few (-1: any size)
+    if redis.call('ZCARD', OPEN) == 0 then ready_len = -1 end
+  end
   -- a run started before the total existed: sum the zset once, after this call's changes
   if not total then
     local sum = 0
@@ -540,7 +547,9 @@ if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
 
 -- wake long polls (any replica): rollouts to lease or room to open groups; groups ready
 if #pend_push > 0 or room_freed then redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'lease') end
-if #ready_push > 0 then redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'batch') end
+if #ready_push > 0 or ready_len == -1 then
+  redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'batch', 'n', ready_len)
+end
 
 local flat = {}
 for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end

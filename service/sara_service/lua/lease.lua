@@ -4,11 +4,37 @@
 -- KEYS[7] = lease rollouts set  KEYS[8] = workers zset      KEYS[9] = group_prompt hash
 -- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
 -- KEYS[13] = run state string  KEYS[14] = retired prompts hash (content of deleted prompts)
+-- KEYS[15] = wake stream (long polls of every replica wait on it)
 -- ARGV[1] = now   ARGV[2] = worker id   ARGV[3] = lease id   ARGV[4] = max rollouts
 -- ARGV[5] = lease expiry time   ARGV[6] = key ttl in seconds   ARGV[7] = backend name ('' = unknown)
--- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated)}
+-- ARGV[8] = most expired leases to put back first (0: none), as expire_leases.lua does
+-- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated),
+--          policy version, policy checkpoint ('' = none)}
 -- Each key is read and written once per batch of popped ids, not once per rollout.
 local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- rollouts whose lease ran out go back at the front first (one round trip, not two)
+local expire_limit = tonumber(ARGV[8])
+if expire_limit > 0 then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, expire_limit)
+  if #due > 0 then
+    redis.call('ZREM', KEYS[3], unpack(due))
+    local states = redis.call('HMGET', KEYS[2], unpack(due))
+    local slots, pushes = {}, {}
+    for i = #due, 1, -1 do  -- backwards: pushed onto the front, they keep their order
+      if states[i] and string.sub(states[i], 1, 2) == 'l|' then
+        slots[#slots + 1] = due[i]
+        slots[#slots + 1] = 'p'
+        pushes[#pushes + 1] = due[i]
+      end
+    end
+    if #pushes > 0 then
+      call_chunked('HSET', KEYS[2], slots)
+      call_chunked('LPUSH', KEYS[1], pushes)
+      redis.call('HINCRBY', KEYS[4], 'rollouts_reissued', #pushes)
+      if #pushes > want then redis.call('XADD', KEYS[15], 'MAXLEN', '~', 64, '*', 'w', 'lease') end
+    end
+  end
+end
 local held = 'l|' .. lid .. '|' .. wid
 local taken, seen = {}, {}
 local got = 0
@@ -68,4 +94,5 @@ redis.call('ZADD', KEYS[8], ARGV[1], wid)
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[11], wid .. '|backend', ARGV[7]) end
 local cancel = redis.call('HGET', KEYS[5], wid) or ''
 if cancel ~= '' then redis.call('HDEL', KEYS[5], wid) end
-return {out, cancel}
+local policy = redis.call('HMGET', KEYS[12], 'version', 'checkpoint')
+return {out, cancel, policy[1] or '0', policy[2] or ''}
