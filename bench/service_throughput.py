@@ -641,6 +641,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def amain(args: argparse.Namespace) -> int:
+    args.load_before = _loadavg()
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else sys.argv[0]
@@ -698,6 +699,10 @@ def serve_stack(python: str) -> str:
     return out.stdout.strip() or "unknown"
 
 
+def _loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 NOT_WORK = ("evalsha", "eval", "config|resetstat", "config", "info")  # the calls, not their work
 
 
@@ -720,6 +725,8 @@ def report(args: argparse.Namespace, command: str, topology: str,
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; redis-server, serve processes and the load generator "
         "all share these CPUs",
+        f"load:      1/5/15-min load average {args.load_before} at the start, "
+        f"{_loadavg()} at the end (anything above the bench's own ~2 is other work)",
         f"setup:     k={args.group_size}, {args.per_call} rollouts per lease and per /results "
         f"call, trainer batch_size={args.batch_size}, prefetch_batches={args.prefetch_batches}, "
         f"{args.prompts} prompts (standard pool), embedded redis-server (AOF everysec), "
