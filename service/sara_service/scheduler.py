@@ -258,7 +258,7 @@ class Scheduler:
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
-            holder_only=holder_only)
+            holder_only=holder_only, group_size=s.group_size)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,

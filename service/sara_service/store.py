@@ -282,7 +282,7 @@ class Store(RunControl):
                             successes: list[int], decay: float, alpha0: float, beta0: float,
                             retention_s: float, half_life: float = math.inf, *,
                             report_id: str | None = None, report_ttl_s: int = 0,
-                            holder_only: bool = False) -> AppliedResults:
+                            holder_only: bool = False, group_size: int = 0) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
         Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
@@ -302,6 +302,7 @@ class Store(RunControl):
         args: list[Any] = [now, worker_id, decay, alpha0, beta0, retention_s, lua_half_life,
                            len(results), ttl, int(holder_only)]
         group_index = _result_args(results, successes, args, base=19)  # KEYS 1..18: below
+        args.append(group_size)  # the p_eff tables up to k come with each group's one read
         keys = [k.slots, k.inflight, k.pending, k.stats, k.open_groups, k.ready, k.posteriors,
                 k.cancels, k.abandon_hist, k.workers, k.worker_info, k.policy, k.gc,
                 k.group_states, k.prompts, k.report(worker_id, report_id or ""), k.open_yield,

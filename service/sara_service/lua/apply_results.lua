@@ -17,6 +17,7 @@
 -- ARGV[11] = JSON list of results, each [rollout id, index of its group key in KEYS,
 --           success (1/0/-1/-2), tokens, policy version, result JSON (a string)]: one argument,
 --           not six per result, for the client to pack
+-- ARGV[12] = the run's k (0: unknown): the p_eff tables up to it are read with each group
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
 --          released}, or {'replay', JSON of that answer} when this report id was applied before:
@@ -84,6 +85,12 @@ for i = 1, count do
     per_group_slots[gid] = list
   end
 end
+-- the plan's p_eff tables up to the run's k come in the same read (a group of another k
+-- reads the rest when a decision needs it)
+local k_hint = tonumber(ARGV[12] or '0')
+local N_FIXED = #GROUP_FIELDS
+for i = 0, k_hint do GROUP_FIELDS[#GROUP_FIELDS + 1] = 'pf:' .. i end
+for i = 0, k_hint do GROUP_FIELDS[#GROUP_FIELDS + 1] = 'ps:' .. i end
 local groups = {}
 for _, gid in ipairs(gids) do
   local fields = {unpack(GROUP_FIELDS)}
@@ -98,7 +105,8 @@ for _, gid in ipairs(gids) do
       done = tonumber(v[4]), s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]),
       thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
       audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
-      w = {}}
+      w = {}, ptab = {}}
+    for j = N_FIXED + 1, #GROUP_FIELDS do g.ptab[fields[j]] = v[j] end
     for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
     groups[gid] = g
   end
@@ -299,12 +307,12 @@ end
 
 -- The plan's p_eff tables (pf:n, ps:n), read once per group when a decision first needs them.
 local function p_eff_at(g, failing, n)
-  if not g.ptab then
+  if math.max(math.min(g.thr_f, g.k), math.min(g.thr_s, g.k)) > k_hint and not g.ptab_all then
+    g.ptab_all = true
     local fields = {}
     for i = 0, math.min(g.thr_f, g.k) do fields[#fields + 1] = 'pf:' .. i end
     for i = 0, math.min(g.thr_s, g.k) do fields[#fields + 1] = 'ps:' .. i end
     local v = redis.call('HMGET', g.key, unpack(fields))
-    g.ptab = {}
     for i, f in ipairs(fields) do g.ptab[f] = v[i] end
   end
   return tonumber(g.ptab[(failing and 'pf:' or 'ps:') .. n])
