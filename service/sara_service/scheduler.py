@@ -99,6 +99,7 @@ class Scheduler:
         """Wait until something of `kind` changes in Redis (any replica), at most
         poll_interval_s; False when the deadline has passed or shutdown has begun."""
         if ticket is None or self.stopping or self.clock() >= deadline:
+            self.wakeups.release(ticket)
             return False
         timeout = min(self.settings.poll_interval_s, max(0.0, deadline - self.clock()))
         return await self.wakeups.wait(ticket, kind, timeout) != "stopped"
@@ -218,7 +219,10 @@ class Scheduler:
                         key_ttl, req.backend)
                     leased += more
                     cancel += cancel_more
-            if leased or cancel or not await self._wait_for_wake(ticket, "lease", deadline):
+            if leased or cancel:
+                self.wakeups.release(ticket)
+                break
+            if not await self._wait_for_wake(ticket, "lease", deadline):
                 break
         rollouts = [Rollout(rollout_id=r.rollout_id, group_id=r.group_id, prompt_id=r.prompt_id,
                             prompt=r.prompt["prompt"], task=r.prompt.get("task", "exact"),
@@ -283,6 +287,7 @@ class Scheduler:
             if kind == "new" and batch_id:
                 await self._note_estimate(batch_id)
             if kind != "none" and batch_id:
+                self.wakeups.release(ticket)
                 return await self._load_batch(batch_id, redelivered=kind == "redeliver")
             if not await self._wait_for_wake(ticket, "batch", deadline):
                 return None

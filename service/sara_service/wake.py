@@ -114,6 +114,16 @@ class Wakeups:
             getattr(self.stats, how)[kind] += 1
         return how
 
+    def release(self, ticket: Ticket | None) -> None:
+        """Give back a ticket that will not be waited on (the poll found what it wanted)."""
+        if ticket is not None:
+            self._tickets[ticket.kind].discard(ticket)
+
+    @property
+    def tickets(self) -> int:
+        """Tickets taken and not yet fired, waited on or given back."""
+        return sum(len(held) for held in self._tickets.values())
+
     @property
     def waiting(self) -> int:
         """Polls waiting now (tests wait for this rather than for time to pass)."""

@@ -100,3 +100,29 @@ async def test_shutdown_answers_waiting_polls_at_once(make_api):
     assert leased.status_code == 200 and leased.json()["rollouts"] == []
     assert batched.status_code == 204
     assert scheduler.wakeups.stats.stopped == 2
+
+
+async def test_a_wait_with_no_notification_ends_on_the_fallback_timer(make_api):
+    a = await make_api(poll_interval_s=0.01)
+    wake = a.app.state.scheduler.wakeups
+    ticket = await wake.ticket("lease")
+    assert await wake.wait(ticket, "lease", 0.01) == "fallback"
+    assert wake.stats.fallback["lease"] == 1 and wake.stats.woken["lease"] == 0
+
+
+async def test_a_batch_ticket_fires_only_when_enough_groups_are_ready(make_api):
+    a = await make_api(**NO_FALLBACK)
+    wake = a.app.state.scheduler.wakeups
+    four, one = await wake.ticket("batch", need=4), await wake.ticket("batch", need=1)
+    wake.fire("batch", 3)  # three ready: enough for one, not for four
+    assert one.event.is_set() and not four.event.is_set()
+    wake.fire("batch", -1)  # any size may go (a drain): every batch poll checks
+    assert four.event.is_set()
+
+
+async def test_a_poll_that_finds_work_at_once_leaves_no_ticket_behind(make_api):
+    a = await make_api(**NO_FALLBACK)
+    await a.add(prompt_spec("m1", "mixed"))
+    answer = await a.post("/leases", {"worker_id": "w1", "max_rollouts": 1, "wait_s": 60})
+    assert len(answer.json()["rollouts"]) == 1
+    assert a.app.state.scheduler.wakeups.tickets == 0
