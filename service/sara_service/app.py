@@ -220,6 +220,7 @@ def _lifespan(scheduler: Scheduler, health: RedisHealth, redis: aioredis.Redis) 
             scheduler.begin_shutdown()
             restore_signals()
             await _stop_task(task, stop)
+            await scheduler.wakeups.aclose()
             await redis.aclose()
 
     return lifespan

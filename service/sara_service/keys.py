@@ -103,6 +103,19 @@ class Keys:
     def open_groups(self) -> str:
         return self._k("groups:open")
 
+    # open yield: string, the open-groups zset's scores summed in units of 1e-9 groups (each
+    # score rounded alone), kept by the scripts that change the zset so flow control reads one
+    # number instead of scanning every open group
+    @property
+    def open_yield(self) -> str:
+        return self._k("groups:open:yield")
+
+    # wake: stream the scripts append to when rollouts become leasable, room opens for new
+    # groups ('lease') or groups become ready ('batch'); long polls of every replica wait on it
+    @property
+    def wake(self) -> str:
+        return self._k("wake")
+
     # ready: list of "<group_id>|<min_v>|<done>" (oldest policy version among its results, ''
     # when none said; results stored) of groups complete and waiting for a batch, oldest first
     @property

@@ -229,29 +229,29 @@ def _spec(name: str, keys: str, args: str, **more: Any) -> ScriptSpec:
 
 
 SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
-    _spec("add_prompts", "prompts posteriors prompts_off prompts_retired", "initial_posterior",
-          more_args=("prompt_id", "prompt_json")),
+    _spec("add_prompts", "prompts posteriors prompts_off prompts_retired wake",
+          "initial_posterior", more_args=("prompt_id", "prompt_json")),
     _spec("prompt_state", "prompts posteriors prompts_off prompts_retired", "action prompt_id",
           replies=("unknown", "disabled", "enabled", "deleted")),
     _spec("refill_epoch", "epoch_queue epoch", "seen_epoch", more_args=("prompt_id",)),
     _spec("open_groups", "stats open_groups ready pending slots group_states group_prompt "
-          "posteriors run_state prompts_off",
+          "posteriors run_state prompts_off open_yield wake",
           "now flow_target specs skipped audit_fraction seed", more_keys="group"),
     _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
-          "group_prompt prompts worker_info policy run_state prompts_retired",
-          "now worker_id lease_id max_rollouts expires_at key_ttl_s backend"),
+          "group_prompt prompts worker_info policy run_state prompts_retired wake",
+          "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit"),
     _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",
           "now worker_id lease_id expires_at key_ttl_s", replies=("unknown", "not_yours", "ok")),
-    _spec("expire_leases", "inflight slots pending stats", "now limit"),
+    _spec("expire_leases", "inflight slots pending stats wake", "now limit"),
     _spec("apply_results", "slots inflight pending stats open_groups ready posteriors cancels "
-          "abandon_hist workers worker_info policy gc group_states prompts report",
-          "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only",
+          "abandon_hist workers worker_info policy gc group_states prompts report open_yield "
+          "wake",
+          "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only "
+          "results group_size",
           more_keys="group",
-          more_args=("rollout_id", "group_key_index", "success", "tokens", "policy_version",
-                     "json"),
           replies=("replay", "unknown", "ok", *DECISIONS)),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
-          "group_states gc run_state open_groups",
+          "group_states gc run_state open_groups wake",
           "now size ack_deadline max_staleness rollout_cap batch_id retention_s",
           replies=("redeliver", "none", "new")),
     _spec("ack_batch", "batch unacked stats group_states gc", "now batch_id retention_s",

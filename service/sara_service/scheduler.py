@@ -1,13 +1,12 @@
 """The scheduler: turns API calls into store transitions, using the pure allocation math.
 
 It holds no state of its own beyond caches derived from settings, so any number of replicas can
-serve one namespace. The clock is injected (tests move it by hand); long-polls re-check the store
-every `poll_interval_s` until their deadline.
+serve one namespace. The clock is injected (tests move it by hand); a long poll waits for the
+run's wake stream (see `wake`), re-checking at least every `poll_interval_s`, until its deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
@@ -30,11 +29,13 @@ from .selection import (
 )
 from .settings import Settings
 from .store import Store, stored_int
+from .wake import Ticket, Wakeups
 
 Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
 # worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
 _NO_OUTCOME = {"abort": -1, "error": -2}
+EXPIRE_BATCH = 1000  # expired leases a lease call re-queues first (upkeep takes the rest)
 
 
 def _new_id(prefix: str) -> str:
@@ -63,6 +64,7 @@ class Scheduler:
         self.store = store
         self.clock = clock or time.time
         self.stopping = False  # set on SIGTERM: long polls answer at once, empty
+        self.wakeups = Wakeups(store.redis, store.keys.wake)
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
@@ -81,15 +83,26 @@ class Scheduler:
         return self.settings.prefetch_batches * self.settings.batch_size
 
     def begin_shutdown(self) -> None:
-        """Answer every long poll now, and every later one at once: the process is stopping."""
+        """Answer every long poll now, and every later one at once: the process is stopping.
+        Safe from a signal handler."""
         self.stopping = True
+        self.wakeups.stop()
 
-    async def _sleep_until_next_poll(self, deadline: float) -> bool:
-        """Wait one poll interval; False when the deadline has passed or shutdown has begun."""
+    async def _ticket(self, kind: str, deadline: float, need: int = 1) -> Ticket | None:
+        """A claim on the next wake-up, taken before the store is checked; None when this
+        call will not wait (no time left, or shutting down)."""
         if self.stopping or self.clock() >= deadline:
+            return None
+        return await self.wakeups.ticket(kind, need)
+
+    async def _wait_for_wake(self, ticket: Ticket | None, kind: str, deadline: float) -> bool:
+        """Wait until something of `kind` changes in Redis (any replica), at most
+        poll_interval_s; False when the deadline has passed or shutdown has begun."""
+        if ticket is None or self.stopping or self.clock() >= deadline:
+            self.wakeups.release(ticket)
             return False
-        await asyncio.sleep(self.settings.poll_interval_s)
-        return True
+        timeout = min(self.settings.poll_interval_s, max(0.0, deadline - self.clock()))
+        return await self.wakeups.wait(ticket, kind, timeout) != "stopped"
 
     # --- prompts ---------------------------------------------------------------------------------
 
@@ -192,19 +205,24 @@ class Scheduler:
         deadline = self.clock() + req.wait_s
         key_ttl = self._lease_key_ttl()
         while True:
+            ticket = await self._ticket("lease", deadline)
             now = self.clock()
-            await self.store.expire_leases(now)
             expires_at = now + s.lease_ttl_s
-            leased, cancel = await self.store.lease(now, req.worker_id, lease_id, req.max_rollouts,
-                                                    expires_at, key_ttl, req.backend)
+            # expired leases go back to the queue in the same script (EXPIRE_BATCH at a time)
+            leased, cancel, policy = await self.store.lease_with_policy(
+                now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
+                expire_limit=EXPIRE_BATCH)
             if len(leased) < req.max_rollouts:
                 if await self.open_groups_for(now, req.max_rollouts - len(leased)):
-                    more, cancel_more = await self.store.lease(
+                    more, cancel_more, policy = await self.store.lease_with_policy(
                         now, req.worker_id, lease_id, req.max_rollouts - len(leased), expires_at,
                         key_ttl, req.backend)
                     leased += more
                     cancel += cancel_more
-            if leased or cancel or not await self._sleep_until_next_poll(deadline):
+            if leased or cancel:
+                self.wakeups.release(ticket)
+                break
+            if not await self._wait_for_wake(ticket, "lease", deadline):
                 break
         rollouts = [Rollout(rollout_id=r.rollout_id, group_id=r.group_id, prompt_id=r.prompt_id,
                             prompt=r.prompt["prompt"], task=r.prompt.get("task", "exact"),
@@ -212,8 +230,7 @@ class Scheduler:
                             sampling=self._sampling) for r in leased]
         return LeaseResponse(lease_id=lease_id if rollouts else None,
                              expires_at=expires_at if rollouts else None,
-                             policy=await self.store.get_policy(), rollouts=rollouts,
-                             cancel=cancel)
+                             policy=policy, rollouts=rollouts, cancel=cancel)
 
     def _lease_key_ttl(self) -> int:
         """Seconds a lease's keys live past their last lease or heartbeat."""
@@ -245,7 +262,7 @@ class Scheduler:
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
-            holder_only=holder_only)
+            holder_only=holder_only, group_size=s.group_size)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,
@@ -260,6 +277,9 @@ class Scheduler:
         size = req.size or s.batch_size
         deadline = self.clock() + req.wait_s
         while True:
+            # under a rollout cap a batch may close with fewer groups: wake on any ready group
+            need = size if s.max_rollouts_per_batch is None else 1
+            ticket = await self._ticket("batch", deadline, need)
             now = self.clock()
             kind, batch_id = await self.store.form_batch(
                 now, size, now + s.batch_ack_timeout_s, s.max_staleness,
@@ -267,8 +287,9 @@ class Scheduler:
             if kind == "new" and batch_id:
                 await self._note_estimate(batch_id)
             if kind != "none" and batch_id:
+                self.wakeups.release(ticket)
                 return await self._load_batch(batch_id, redelivered=kind == "redeliver")
-            if not await self._sleep_until_next_poll(deadline):
+            if not await self._wait_for_wake(ticket, "batch", deadline):
                 return None
 
     async def _note_estimate(self, batch_id: str) -> None:

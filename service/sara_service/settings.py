@@ -85,7 +85,10 @@ class Settings(BaseSettings):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(256, ge=1)
 
-    poll_interval_s: float = Field(0.02, gt=0.0, description="Long-poll re-check interval.")
+    poll_interval_s: float = Field(
+        1.0, gt=0.0, description="Longest a long poll waits between checks: it wakes when Redis "
+                                 "signals work or a batch (any replica); this bounds a missed "
+                                 "signal, and a batch redelivery falling due.")
     redis_down_limit_s: float = Field(
         60.0, gt=0.0, description="/healthz answers 503 (restart me) once Redis has been "
                                   "unreachable this long; /readyz answers 503 at once.")

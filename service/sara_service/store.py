@@ -11,6 +11,7 @@ unreachable surfaces as `StoreUnavailable`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -32,6 +33,18 @@ from .store_reads import StoreReads
 from .store_runctl import RunControl
 
 
+def script_source(name: str) -> str:
+    """A script's text as Redis runs it: the shared prelude (lua/_prelude.lua), then the script."""
+    lua = resources.files("sara_service") / "lua"
+    return (lua / "_prelude.lua").read_text() + (lua / f"{name}.lua").read_text()
+
+
+# A prompt is leased once per rollout of its group: decoding (and checking its meta) once per
+# stored content, not per rollout, was most of a lease's CPU. Keyed by the stored bytes, so
+# new content is a new entry; callers only read the dict.
+_leased_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
+
+
 @dataclass
 class LeasedRollout:
     rollout_id: str
@@ -51,26 +64,26 @@ class AppliedResults:
     replayed: bool = False  # the stored answer of a report id applied before
 
 
-def _result_args(results: list[RolloutResult], successes: list[int]
-                 ) -> tuple[list[Any], list[str]]:
-    """apply_results.lua's per-result ARGV (SCRIPTS['apply_results'].more_args) and the groups
-    whose hashes follow the fixed KEYS, in that order. UnknownRollouts for an id that is no
-    rollout id at all."""
+def _result_args(results: list[RolloutResult], successes: list[int]) -> tuple[str, list[str]]:
+    """apply_results.lua's `results` argument, every result in one JSON list (packing six
+    arguments per result cost the client more than the script's work), and the groups whose
+    hashes follow the fixed KEYS, in that order. UnknownRollouts for an id that is no rollout id
+    at all."""
     first = SCRIPTS["apply_results"].first_more_key
     group_index: dict[str, int] = {}
-    args: list[Any] = []
     unknown: list[str] = []
+    rows = []
     for r, ok in zip(results, successes):
         parsed = split_rollout_id(r.rollout_id)
         if parsed is None:
             unknown.append(r.rollout_id)
             continue
         idx = group_index.setdefault(parsed[0], first + len(group_index))
-        args += [r.rollout_id, idx, ok, r.completion_tokens, r.policy_version,
-                 r.model_dump_json(exclude_none=True)]
+        rows.append([r.rollout_id, idx, ok, r.completion_tokens, r.policy_version,
+                     r.model_dump_json(exclude_none=True)])
     if unknown:
         raise UnknownRollouts(unknown)
-    return args, list(group_index)
+    return json.dumps(rows, ensure_ascii=False), list(group_index)
 
 
 class Store(RunControl, StoreReads):
@@ -79,9 +92,7 @@ class Store(RunControl, StoreReads):
     def __init__(self, client: aioredis.Redis, namespace: str) -> None:
         self.redis = client
         self.keys = Keys(namespace)
-        lua = resources.files("sara_service") / "lua"
-        self._scripts = {name: client.register_script((lua / f"{name}.lua").read_text())
-                         for name in SCRIPTS}
+        self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
 
     async def _script(self, name: str, args: dict[str, Any], per_id: dict[str, str] | None = None,
                       more_keys: Sequence[str] = (), more_args: Sequence[Any] = ()) -> Any:
@@ -165,16 +176,30 @@ class Store(RunControl, StoreReads):
                     expires_at: float, key_ttl_s: int, backend: str | None
                     ) -> tuple[list[LeasedRollout], list[str]]:
         """Lease pending rollouts to a worker; returns (rollouts, cancel list)."""
-        flat, cancel = await self._script(
+        rollouts, cancel, _ = await self.lease_with_policy(now, worker_id, lease_id, max_rollouts,
+                                                           expires_at, key_ttl_s, backend)
+        return rollouts, cancel
+
+    @unavailable_on_redis_error
+    async def lease_with_policy(self, now: float, worker_id: str, lease_id: str,
+                                max_rollouts: int, expires_at: float, key_ttl_s: int,
+                                backend: str | None, expire_limit: int = 0
+                                ) -> tuple[list[LeasedRollout], list[str], PolicyInfo]:
+        """`lease`, plus the policy in force, after first re-queueing up to `expire_limit`
+        rollouts whose lease expired (as `expire_leases`): one round trip where a lease call
+        took three."""
+        flat, cancel, version, checkpoint = await self._script(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
                           max_rollouts=max_rollouts, expires_at=expires_at, key_ttl_s=key_ttl_s,
-                          backend=backend or ""), self._lease_keys(lease_id))
+                          backend=backend or "", requeue_limit=expire_limit),
+            self._lease_keys(lease_id))
         rollouts = []
         for i in range(0, len(flat), 3):
             rid, pid = text(flat[i]), text(flat[i + 1])
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
-            rollouts.append(LeasedRollout(rid, group_id, pid, decode_prompt(flat[i + 2])))
-        return rollouts, rf.split_ids(text(cancel))
+            rollouts.append(LeasedRollout(rid, group_id, pid, _leased_prompt(flat[i + 2])))
+        policy = PolicyInfo(version=stored_int(version), checkpoint=text(checkpoint) or None)
+        return rollouts, rf.split_ids(text(cancel)), policy
 
     def _lease_keys(self, lease_id: str) -> dict[str, str]:
         return dict(lease=self.keys.lease(lease_id),
@@ -200,7 +225,7 @@ class Store(RunControl, StoreReads):
                             successes: list[int], decay: float, alpha0: float, beta0: float,
                             retention_s: float, half_life: float = math.inf, *,
                             report_id: str | None = None, report_ttl_s: int = 0,
-                            holder_only: bool = False) -> AppliedResults:
+                            holder_only: bool = False, group_size: int = 0) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
         Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
@@ -213,7 +238,7 @@ class Store(RunControl, StoreReads):
         authenticated worker id) ignores results for rollouts another worker holds.
         """
         results = await self._with_lease_versions(worker_id, results)
-        per_result, groups = _result_args(results, successes)
+        results_json, groups = _result_args(results, successes)
         out = await self._script(
             "apply_results",
             # Lua cannot read "inf" portably: 0 stands for no half-life
@@ -221,9 +246,11 @@ class Store(RunControl, StoreReads):
                  retention_s=retention_s,
                  half_life=repr(half_life) if math.isfinite(half_life) else 0,
                  count=len(results), report_ttl_s=report_ttl_s if report_id else 0,
-                 holder_only=int(holder_only)),
+                 holder_only=int(holder_only), results=results_json,
+                 # the p_eff tables up to k come with each group's one read
+                 group_size=group_size),
             dict(report=self.keys.report(worker_id, report_id or "")),
-            more_keys=[self.keys.group(g) for g in groups], more_args=per_result)
+            more_keys=[self.keys.group(g) for g in groups])
         if text(out[0]) == Reply.UNKNOWN:
             raise UnknownRollouts([text(x) for x in out[1]])
         replayed = text(out[0]) == Reply.REPLAY
@@ -308,15 +335,15 @@ class Store(RunControl, StoreReads):
         for gid in due:
             pipe.hget(k.group(gid), GroupField.issued)
         issued = await pipe.execute()
+        # one command per key for the whole round, not five per group
+        slots = [rollout_id(gid, i) for gid, n in zip(due, issued) for i in range(int(n or 0))]
         pipe = self.redis.pipeline(transaction=False)
-        for gid, n in zip(due, issued):
-            slots = [rollout_id(gid, i) for i in range(int(n or 0))]
-            if slots:
-                pipe.hdel(k.slots, *slots)
-            pipe.delete(k.group(gid))
-            pipe.hdel(k.group_states, gid)
-            pipe.hdel(k.group_prompt, gid)
-            pipe.zrem(k.gc, gid)
+        if slots:
+            pipe.hdel(k.slots, *slots)
+        pipe.delete(*(k.group(gid) for gid in due))
+        pipe.hdel(k.group_states, *due)
+        pipe.hdel(k.group_prompt, *due)
+        pipe.zrem(k.gc, *due)
         await pipe.execute()
         return len(due)
 

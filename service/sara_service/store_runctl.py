@@ -79,6 +79,9 @@ class RunControl:
             await self.redis.delete(self.keys.run_state)
         else:
             await self.redis.set(self.keys.run_state, RUN_ACTIONS[action])
+        if action != "pause":  # waiting leases may open groups again; a drain may deliver
+            for kind in ("lease", "batch"):
+                await self.redis.xadd(self.keys.wake, {"w": kind}, maxlen=64, approximate=True)
 
     @unavailable_on_redis_error
     async def run_state(self) -> str:

@@ -139,6 +139,7 @@ async def make_app(redis_url, fake_clock):
     yield build
     # The lifespan (which would close it) does not run under ASGITransport.
     for app in apps:
+        await app.state.scheduler.wakeups.aclose()
         await app.state.scheduler.store.redis.aclose()
 
 

@@ -22,6 +22,7 @@ from sara_service.embedded import free_port
 from sara_service.keys import Keys
 from sara_service.redis_client import cluster_node_url, connect
 from sara_service.settings import Settings
+from sara_service.wake import Wakeups
 from tests.api.conftest import BASE_URL, DEFAULTS, Api, prompt_spec, result_for
 from tests.cluster._local import MASTERS, SLOTS, slot_ranges
 
@@ -176,3 +177,18 @@ def test_the_url_forms():
         assert cluster_node_url(single) is None
     assert type(connect("redis://h:1")).__name__ == "Redis"
     assert type(connect("redis+cluster://h:1")).__name__ == "RedisCluster"
+
+
+async def test_the_wake_listener_blocks_for_less_than_the_cluster_sockets_timeout(
+        redis_cluster_url):
+    """A cluster client has no pool of its own to give the listener, so its blocking read runs on
+    connections with the service's 5 s socket timeout: a 5 s block would time out every idle round
+    and leave long polls on their fallback timer. The read must end well before the timeout."""
+    client = connect(redis_cluster_url, socket_timeout=5)
+    wake = Wakeups(client, Keys("run-a").wake)
+    try:
+        wake.release(await wake.ticket("lease"))  # the first ticket starts the listener
+        assert wake.read_block_s <= 5 - 2
+    finally:
+        await wake.aclose()
+        await client.aclose()

@@ -123,6 +123,13 @@ class Group:
         return plan.p_eff_fail[self.f] if self.s == 0 else plan.p_eff_success[self.s]
 
 
+UNIT = 10**9  # flow control counts expected yield in 1e-9 groups (open_groups.lua)
+
+
+def yield_units(p: float) -> int:
+    return math.floor(p * UNIT + 0.5)
+
+
 def verdict(state: str) -> str:
     """What a results answer should say about a group it touched."""
     return {"open": "continue", "abandoned": "abandon"}.get(state, "commit")
@@ -270,13 +277,12 @@ class StoreMachine(RuleBasedStateMachine):
             self.count("groups_dropped_saturated")
             self.count("groups_completed_pure")
 
-    def flow_expected(self) -> float:
-        """Ready groups + the expected yield of the open ones, summed in the zset's order."""
-        expected = float(len(self.ready))
-        for score, _ in sorted((g.score(self.plan), g.gid) for g in self.groups.values()
-                               if g.state in ("open", "committed")):
-            expected += score
-        return expected
+    def flow_expected(self) -> int:
+        """Ready groups + the expected yield of the open ones, in the scripts' units of 1e-9
+        groups (each score rounded alone, so the sum does not depend on order)."""
+        return len(self.ready) * UNIT + sum(yield_units(g.score(self.plan))
+                                            for g in self.groups.values()
+                                            if g.state in ("open", "committed"))
 
     # --- rules ----------------------------------------------------------------------------------
 
@@ -310,8 +316,8 @@ class StoreMachine(RuleBasedStateMachine):
             wanted = math.ceil((n - first) / max(1, self.plan.initial_issue))
             count = min(FLOW_TARGET, wanted)
             expected = self.flow_expected()
-            while opened < count and expected < FLOW_TARGET:
-                expected += self.plan.p_eff_fail[0]
+            while opened < count and expected < FLOW_TARGET * UNIT:
+                expected += yield_units(self.plan.p_eff_fail[0])
                 opened += 1
         second = min(n - first, opened * self.plan.initial_issue) if first < n else 0
         cancel = self.cancels.pop(worker, [])

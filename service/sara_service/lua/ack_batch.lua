@@ -10,12 +10,21 @@ local retention = tonumber(ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 'acked', 'acked_at', ARGV[1])
 redis.call('EXPIRE', KEYS[1], math.ceil(retention))
-local n = 0
-for gid in string.gmatch(redis.call('HGET', KEYS[1], 'groups'), '[^,]+') do
-  redis.call('HSET', KEYS[4], gid, 'acked')
-  redis.call('ZADD', KEYS[5], tonumber(ARGV[1]) + retention, gid)
-  n = n + 1
+local n, states, gc = 0, {}, {}
+local function flush()  -- a few thousand arguments per command: Lua's unpack stops near 8000
+  if #states > 0 then
+    redis.call('HSET', KEYS[4], unpack(states))
+    redis.call('ZADD', KEYS[5], unpack(gc))
+    states, gc = {}, {}
+  end
 end
+for gid in string.gmatch(redis.call('HGET', KEYS[1], 'groups'), '[^,]+') do
+  states[#states + 1] = gid; states[#states + 1] = 'acked'
+  gc[#gc + 1] = tonumber(ARGV[1]) + retention; gc[#gc + 1] = gid
+  n = n + 1
+  if #states >= 3000 then flush() end
+end
+flush()
 redis.call('HINCRBY', KEYS[3], 'batches_acked', 1)
 redis.call('HINCRBY', KEYS[3], 'groups_acked', n)
 return 'ok'

@@ -1,6 +1,7 @@
 -- Register prompts; an id seen before is left as it is (idempotent on id).
 -- KEYS[1] = prompts hash   KEYS[2] = posteriors hash
 -- KEYS[3] = prompts_off hash   KEYS[4] = prompts_retired hash (a deleted id added again is new)
+-- KEYS[5] = wake stream: new prompts let waiting leases open groups
 -- ARGV[1] = initial_posterior (JSON)   ARGV[2..] = prompt_id, prompt_json, ... (a pair per prompt)
 -- returns {number of prompts that were new, {ids already stored with another encoding}}; the
 --         caller compares those decoded (the same content may be encoded in another key order)
@@ -15,4 +16,5 @@ for i = 2, #ARGV, 2 do
     differs[#differs + 1] = ARGV[i]
   end
 end
+if created > 0 then redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'w', 'lease') end
 return {created, differs}

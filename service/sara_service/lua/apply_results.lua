@@ -5,15 +5,20 @@
 -- KEYS[10] = workers zset   KEYS[11] = worker_info hash KEYS[12] = policy hash
 -- KEYS[13] = gc zset        KEYS[14] = group_states hash      KEYS[15] = prompts hash
 -- KEYS[16] = report string (this report's stored answer; used when ARGV[9] > 0)
--- KEYS[17..] = hashes of the groups the results belong to
+-- KEYS[17] = open_yield string (the open_groups zset's scores summed, in 1e-9 groups)
+-- KEYS[18] = wake stream (long polls of every replica wait on it)
+-- KEYS[19..] = hashes of the groups the results belong to
 -- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = decay (of posteriors, per policy version)
 -- ARGV[4] = alpha0 (prior)   ARGV[5] = beta0 (prior)   ARGV[6] = retention_s
 -- ARGV[7] = half_life (of posteriors, in epochs of the pool; 0: none)
 -- ARGV[8] = count (of results)   ARGV[9] = report_ttl_s (keep this report's answer; 0: no id)
 -- ARGV[10] = holder_only: 1 when the worker id is authenticated (per-worker credentials): a
 --            result for a rollout that another worker holds is then ignored (a duplicate)
--- ARGV[11..] = 6 per result: rollout_id, group_key_index, success, tokens, policy_version, json
---           (group_key_index: where its group's hash is in KEYS; success: 1/0/-1/-2)
+-- ARGV[11] = results: JSON list, each [rollout id, index of its group key in KEYS, success
+--            (1/0/-1/-2), tokens, policy version, result JSON (a string)]: one argument, not six
+--            per result, for the client to pack
+-- ARGV[12] = group_size: the run's k (0: unknown); the p_eff tables up to it are read with each
+--            group's one HMGET
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
 --          released}, or {'replay', JSON of that answer} when this report id was applied before:
@@ -35,19 +40,96 @@ if report_ttl > 0 then
 end
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-local PROMPTS = KEYS[15]
+local PROMPTS, YIELD, WAKE = KEYS[15], KEYS[17], KEYS[18]
 
-local function arg(i, j) return ARGV[10 + (i - 1) * 6 + j] end
+local results = cjson.decode(ARGV[11])
+local function arg(i, j) return results[i][j] end
 local MAX_ERRORS_PER_SLOT = 3
+-- Every read goes through the caches below and every write is held until the end, then sent as
+-- one command per key (a hash's fields in one HSET, a list's pushes in one LPUSH, in order): the
+-- script's Redis work grows with the keys a call touches, not with its results.
+local function hset_map(key, map)
+  local flat = {}
+  for f, v in pairs(map) do flat[#flat + 1] = f; flat[#flat + 1] = v end
+  if #flat > 0 then call_chunked('HSET', key, flat) end
+end
+local function hmget_map(key, ids)
+  local out = {}
+  for i = 1, #ids, CHUNK do
+    local part = {unpack(ids, i, math.min(i + CHUNK - 1, #ids))}
+    local got = redis.call('HMGET', key, unpack(part))
+    for j, id in ipairs(part) do out[id] = got[j] end
+  end
+  return out
+end
+
+-- slot states: every reported rollout's at once; a group's other slots when it is cancelled
+local rids, gids_seen, gids = {}, {}, {}
+for i = 1, count do
+  rids[i] = arg(i, 1)
+  local gid = string.match(rids[i], '^(.*):%d+$')
+  if gid and not gids_seen[gid] then gids_seen[gid] = tonumber(arg(i, 2)); gids[#gids + 1] = gid end
+end
+local slot = hmget_map(S, rids)
+local slot_writes = {}
+local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
+
+-- groups: the fields decisions read, and the per-slot fields of the slots reported here
+local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
+  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled'}
+local per_group_slots = {}
+for i = 1, count do
+  local gid, sl = string.match(rids[i], '^(.*):(%d+)$')
+  if gid then
+    local list = per_group_slots[gid] or {}
+    list[#list + 1] = sl
+    per_group_slots[gid] = list
+  end
+end
+-- the plan's p_eff tables up to the run's k come in the same read (a group of another k
+-- reads the rest when a decision needs it)
+local k_hint = tonumber(ARGV[12] or '0')
+local N_FIXED = #GROUP_FIELDS
+for i = 0, k_hint do GROUP_FIELDS[#GROUP_FIELDS + 1] = 'pf:' .. i end
+for i = 0, k_hint do GROUP_FIELDS[#GROUP_FIELDS + 1] = 'ps:' .. i end
+local groups = {}
+for _, gid in ipairs(gids) do
+  local fields = {unpack(GROUP_FIELDS)}
+  for _, sl in ipairs(per_group_slots[gid]) do
+    fields[#fields + 1] = 'learned:' .. sl
+    fields[#fields + 1] = 'errors:' .. sl
+  end
+  local gkey = KEYS[gids_seen[gid]]
+  local v = redis.call('HMGET', gkey, unpack(fields))
+  if v[1] then
+    local g = {key = gkey, gid = gid, pid = v[1], k = tonumber(v[2]), issued = tonumber(v[3]),
+      done = tonumber(v[4]), s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]),
+      thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
+      audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
+      w = {}, ptab = {}}
+    for j = N_FIXED + 1, #GROUP_FIELDS do g.ptab[fields[j]] = v[j] end
+    for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
+    groups[gid] = g
+  end
+end
 
 local unknown = {}
 for i = 1, count do
-  local gkey = KEYS[tonumber(arg(i, 2))]
-  if redis.call('HEXISTS', S, arg(i, 1)) == 0 or redis.call('EXISTS', gkey) == 0 then
-    unknown[#unknown + 1] = arg(i, 1)
+  local gid = string.match(rids[i], '^(.*):%d+$')
+  -- a rollout id names its group's key in KEYS: the key must be the one for this id
+  if not slot[rids[i]] or not gid or not groups[gid] or KEYS[tonumber(arg(i, 2))] ~= groups[gid].key then
+    unknown[#unknown + 1] = rids[i]
   end
 end
 if #unknown > 0 then return {'unknown', unknown} end
+
+local gstate = hmget_map(GSTATE, gids)
+local gstate_writes = {}
+local function set_gstate(gid, st) gstate[gid] = st; gstate_writes[gid] = st end
+
+-- counters, added once at the end
+local incr, fincr, hist = {}, {}, {}
+local function count_up(field, n) incr[field] = (incr[field] or 0) + n end
 
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
 -- The pool's clock, in epochs: prompts consumed (groups opened + prompts skipped) per prompt.
@@ -61,10 +143,27 @@ local function pool_clock()
 end
 local clock = pool_clock()
 
+-- posteriors of the touched groups' prompts, decoded once and written once
+local pids, pid_seen = {}, {}
+for _, gid in ipairs(gids) do
+  local pid = groups[gid].pid
+  if not pid_seen[pid] then pid_seen[pid] = true; pids[#pids + 1] = pid end
+end
+local posts = {}
+for pid, raw in pairs(hmget_map(POST, pids)) do posts[pid] = raw and cjson.decode(raw) or false end
+local post_writes = {}
+-- cjson writes 14 significant digits: what a later step of this call reads is that value, as
+-- it was when every step wrote the posterior and the next one read it back
+local function r14(x) return tonumber(string.format('%.14g', x)) end
+local function as_stored(p)
+  for _, f in ipairs({'a', 'b', 't'}) do
+    if type(p[f]) == 'number' then p[f] = r14(p[f]) end
+  end
+end
+
 -- weight of old evidence: decay^versions * 0.5^(epochs / half-life), as allocation.decay_weight
 local function update_posterior(pid, success)
-  local raw = redis.call('HGET', POST, pid)
-  local p = raw and cjson.decode(raw) or {a = a0, b = b0, v = version, t = clock}
+  local p = posts[pid] or {a = a0, b = b0, v = version, t = clock}
   local elapsed, epochs = version - (p.v or version), clock - (p.t or clock)
   local w = 1.0
   if elapsed > 0 then w = decay ^ elapsed end
@@ -75,15 +174,20 @@ local function update_posterior(pid, success)
   if success == 1 then p.a = p.a + 1 else p.b = p.b + 1 end
   p.rollouts = (p.rollouts or 0) + 1
   p.successes = (p.successes or 0) + success
-  redis.call('HSET', POST, pid, cjson.encode(p))
+  as_stored(p)
+  posts[pid] = p
+  post_writes[pid] = true
 end
 
 -- Each slot teaches its prompt's posterior once, with the first outcome reported for it: a second
 -- answer for the same slot (a re-issued copy, a result sent by a non-holder and then the holder's
 -- own, a late result repeated) is one sample counted twice otherwise.
-local function learn_once(gkey, slot, success)
-  if redis.call('HSETNX', gkey, 'learned:' .. slot, 1) == 1 then
-    update_posterior(redis.call('HGET', gkey, 'prompt_id'), success)
+local function learn_once(g, sl, success)
+  local field = 'learned:' .. sl
+  if not g.slot[field] then
+    g.slot[field] = '1'
+    g.w[field] = 1
+    update_posterior(g.pid, success)
   end
 end
 
@@ -93,9 +197,8 @@ end
 -- entry stays short and Python's mirror rounds alike): DPS reads it as a censored observation.
 local MAX_OBSERVATIONS = 16
 local function record_outcome(pid, field, outcome, q)
-  local raw = redis.call('HGET', POST, pid)
-  if not raw then return end
-  local p = cjson.decode(raw)
+  local p = posts[pid]
+  if not p then return end
   p[field] = (p[field] or 0) + 1
   local obs = p.obs or {}
   if q then
@@ -105,58 +208,80 @@ local function record_outcome(pid, field, outcome, q)
   end
   if #obs > MAX_OBSERVATIONS then table.remove(obs, 1) end
   p.obs = obs
-  redis.call('HSET', POST, pid, cjson.encode(p))
+  as_stored(p)
+  post_writes[pid] = true
 end
 
+-- cancel lists of other workers, appended to once at the end (this worker's comes back now)
+local cancel_adds, cancel_workers = {}, {}
 local function add_cancel(worker, rid)
-  local cur = redis.call('HGET', CANCELS, worker)
-  redis.call('HSET', CANCELS, worker, cur and (cur .. ' ' .. rid) or rid)
+  if not cancel_adds[worker] then cancel_adds[worker] = {}; cancel_workers[#cancel_workers + 1] = worker end
+  local list = cancel_adds[worker]
+  list[#list + 1] = rid
 end
 
-local function issue(gkey, gid, from, to)
+-- the open-groups zset and its running total (expected yield in units of 1e-9 groups)
+local open_final, open_order = {}, {}
+local function set_open(gid, score)
+  if open_final[gid] == nil then open_order[#open_order + 1] = gid end
+  open_final[gid] = score
+end
+local infl_rem, pend_push, ready_push, gc_add = {}, {}, {}, {}
+
+local function issue(g, from, to)
   if to <= from then return end
-  for slot = to - 1, from, -1 do  -- backwards: pushed onto the front, they keep slot order
-    local rid = gid .. ':' .. slot
-    redis.call('HSET', S, rid, 'p')
+  for sl = to - 1, from, -1 do  -- backwards: pushed onto the front, they keep slot order
+    local rid = g.gid .. ':' .. sl
+    set_slot(rid, 'p')
     -- decided groups and probes that decide a group go first: they finish or free work sooner
-    redis.call('LPUSH', PEND, rid)
+    pend_push[#pend_push + 1] = rid
   end
-  redis.call('HSET', gkey, 'issued', to)
-  redis.call('HINCRBY', STATS, 'rollouts_issued', to - from)
+  g.w.issued = to
+  g.issued = to
+  count_up('rollouts_issued', to - from)
 end
 
-local function cancel_outstanding(gkey, gid, issued)
+local function cancel_outstanding(g, issued)
+  local missing = {}
+  for sl = 0, issued - 1 do
+    local rid = g.gid .. ':' .. sl
+    if slot[rid] == nil then missing[#missing + 1] = rid end
+  end
+  if #missing > 0 then
+    for rid, st in pairs(hmget_map(S, missing)) do slot[rid] = st end
+  end
   local n = 0
-  for slot = 0, issued - 1 do
-    local rid = gid .. ':' .. slot
-    local st = redis.call('HGET', S, rid)
+  for sl = 0, issued - 1 do
+    local rid = g.gid .. ':' .. sl
+    local st = slot[rid]
     if st == 'p' then
-      redis.call('HSET', S, rid, 'c')
+      set_slot(rid, 'c')
       n = n + 1
     elseif st and string.sub(st, 1, 2) == 'l|' then
-      redis.call('HSET', S, rid, 'c')
-      redis.call('ZREM', INFL, rid)
+      set_slot(rid, 'c')
+      infl_rem[#infl_rem + 1] = rid
       add_cancel(string.match(st, '^l|[^|]*|(.*)$'), rid)
       n = n + 1
     end
   end
   if n > 0 then
-    redis.call('HINCRBY', gkey, 'cancelled', n)
-    redis.call('HINCRBY', STATS, 'rollouts_cancelled', n)
+    g.cancelled = g.cancelled + n
+    g.w.cancelled = g.cancelled
+    count_up('rollouts_cancelled', n)
   end
 end
 
 local function retire(gid, state)
-  redis.call('HSET', GSTATE, gid, state)
-  redis.call('ZREM', OPEN, gid)
-  redis.call('ZADD', GC, now + retention, gid)
+  set_gstate(gid, state)
+  set_open(gid, false)
+  gc_add[#gc_add + 1] = now + retention
+  gc_add[#gc_add + 1] = gid
 end
 
-local function make_ready(gkey, gid, done)
-  redis.call('HSET', GSTATE, gid, 'ready')
-  redis.call('ZREM', OPEN, gid)
-  local minv = redis.call('HGET', gkey, 'min_v') or ''
-  redis.call('RPUSH', READY, gid .. '|' .. minv .. '|' .. done)
+local function make_ready(g, done)
+  set_gstate(g.gid, 'ready')
+  set_open(g.gid, false)
+  ready_push[#ready_push + 1] = g.gid .. '|' .. (g.min_v or '') .. '|' .. done
 end
 
 -- P(the group would still have ended mixed had it run to k) under the prompt's own learned
@@ -164,8 +289,7 @@ end
 -- 1 - E[g^rest] on the succeeding side, each a product of one-step predictive probabilities.
 -- The prior's p_eff bounds false abandons; this estimates them, and sharpens as prompts recur.
 local function mixed_chance_under_posterior(pid, failing, rest)
-  local raw = redis.call('HGET', POST, pid)
-  local p = raw and cjson.decode(raw) or {a = a0, b = b0}
+  local p = posts[pid] or {a = a0, b = b0}
   local stay = 1.0
   for j = 0, rest - 1 do
     stay = stay * ((failing and p.b or p.a) + j) / (p.a + p.b + j)
@@ -174,81 +298,86 @@ local function mixed_chance_under_posterior(pid, failing, rest)
 end
 
 -- An audited group at its abandonment point runs on to k; what that costs is counted.
-local function begin_audit(gkey, gid, g)
+local function begin_audit(g)
   g.audited = true
-  redis.call('HSET', gkey, 'audited', 1)
-  redis.call('HINCRBY', STATS, 'groups_audited', 1)
-  redis.call('HINCRBY', STATS, 'audit_rollouts', g.k - g.issued)
-  issue(gkey, gid, g.issued, g.k)
-  g.issued = g.k
+  g.w.audited = 1
+  count_up('groups_audited', 1)
+  count_up('audit_rollouts', g.k - g.issued)
+  issue(g, g.issued, g.k)
+end
+
+-- The plan's p_eff tables (pf:n, ps:n), read once per group when a decision first needs them.
+local function p_eff_at(g, failing, n)
+  if math.max(math.min(g.thr_f, g.k), math.min(g.thr_s, g.k)) > k_hint and not g.ptab_all then
+    g.ptab_all = true
+    local fields = {}
+    for i = 0, math.min(g.thr_f, g.k) do fields[#fields + 1] = 'pf:' .. i end
+    for i = 0, math.min(g.thr_s, g.k) do fields[#fields + 1] = 'ps:' .. i end
+    local v = redis.call('HMGET', g.key, unpack(fields))
+    for i, f in ipairs(fields) do g.ptab[f] = v[i] end
+  end
+  return tonumber(g.ptab[(failing and 'pf:' or 'ps:') .. n])
 end
 
 -- Decide an open group after one more outcome; returns the decision.
-local function decide_open(gkey, gid, g)
+local function decide_open(g)
+  local gid = g.gid
   if g.s > 0 and g.f > 0 then
-    redis.call('HSET', GSTATE, gid, 'committed')
-    redis.call('HSET', gkey, 'p_eff', 1)
-    redis.call('ZADD', OPEN, 1, gid)
-    redis.call('HINCRBY', STATS, 'groups_committed', 1)
-    if g.audited then redis.call('HINCRBY', STATS, 'audits_mixed', 1) end
+    set_gstate(gid, 'committed')
+    g.w.p_eff = 1
+    set_open(gid, 1)
+    count_up('groups_committed', 1)
+    if g.audited then count_up('audits_mixed', 1) end
     record_outcome(g.pid, 'committed', 'M')
-    if g.commit == 'complete' then issue(gkey, gid, g.issued, g.k) end
+    if g.commit == 'complete' then issue(g, g.issued, g.k) end
     return 'commit'
   end
   local failing = g.s == 0
   local n = failing and g.f or g.s
   local thr = failing and g.thr_f or g.thr_s
   -- the plan's table covers every prefix up to the threshold (or k)
-  local p = tonumber(redis.call('HGET', gkey, (failing and 'pf:' or 'ps:') .. math.min(n, thr, g.k)))
-  if n >= thr and g.audit and not g.audited then begin_audit(gkey, gid, g) end
+  local p = p_eff_at(g, failing, math.min(n, thr, g.k))
+  if n >= thr and g.audit and not g.audited then begin_audit(g) end
   if n >= thr and not g.audited then
-    cancel_outstanding(gkey, gid, g.issued)
+    cancel_outstanding(g, g.issued)
     retire(gid, 'abandoned')
-    redis.call('HSET', gkey, 'p_eff', p)
-    redis.call('HINCRBY', STATS, 'groups_abandoned', 1)
-    redis.call('HINCRBY', STATS, 'rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
-    redis.call('HINCRBYFLOAT', STATS, 'expected_false_abandons', p)
+    g.w.p_eff = p
+    count_up('groups_abandoned', 1)
+    count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
+    fincr.expected_false_abandons = (fincr.expected_false_abandons or 0) + p
     local q = mixed_chance_under_posterior(g.pid, failing, g.k - n)
-    redis.call('HINCRBYFLOAT', STATS, 'estimated_false_abandons', q)
-    redis.call('HINCRBY', HIST, tostring(g.done), 1)
+    fincr.estimated_false_abandons = (fincr.estimated_false_abandons or 0) + q
+    hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
     record_outcome(g.pid, 'abandoned', failing and 'F' or 'S', q)
     return 'abandon'
   end
-  redis.call('HSET', gkey, 'p_eff', p)
+  g.w.p_eff = p
   -- flow control counts expected deliveries: every group is one when saturated ones are kept
-  redis.call('ZADD', OPEN, g.deliver_sat and 1 or p, gid)
-  issue(gkey, gid, g.issued, math.min(thr, g.k))
+  set_open(gid, g.deliver_sat and 1 or p)
+  issue(g, g.issued, math.min(thr, g.k))
   return 'continue'
 end
 
-local function load_group(gkey)
-  local v = redis.call('HMGET', gkey, 'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f',
-    'thr_s', 'deliver_sat', 'commit', 'audit', 'audited')
-  return {pid = v[1], k = tonumber(v[2]), issued = tonumber(v[3]), done = tonumber(v[4]),
-    s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]), thr_s = tonumber(v[8]),
-    deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1', audited = v[12] == '1'}
-end
-
 -- After an accepted result: close the group when it has everything it will get.
-local function maybe_complete(gkey, gid, g, state)
+local function maybe_complete(g, state)
   if state == 'committed' then
     local target = g.commit == 'complete' and g.k or g.issued
-    if g.done >= target then make_ready(gkey, gid, g.done) end
+    if g.done >= target then make_ready(g, g.done) end
   elseif state == 'open' and g.done >= g.k then
     record_outcome(g.pid, 'saturated', g.s == 0 and 'F' or 'S')
-    redis.call('HINCRBY', STATS, 'groups_completed_pure', 1)
-    if g.audited then redis.call('HINCRBY', STATS, 'audits_pure', 1) end
+    count_up('groups_completed_pure', 1)
+    if g.audited then count_up('audits_pure', 1) end
     if g.deliver_sat then
-      make_ready(gkey, gid, g.done)
+      make_ready(g, g.done)
     else
-      retire(gid, 'dropped')
-      redis.call('HINCRBY', STATS, 'groups_dropped_saturated', 1)
+      retire(g.gid, 'dropped')
+      count_up('groups_dropped_saturated', 1)
     end
   end
 end
 
 -- Fill an open slot with its first answer, then decide and maybe close the group.
-local function fill(rid, gkey, gid, slot, success, st, policy_version, blob)
+local function fill(rid, g, sl, success, st, policy_version, blob)
   local filled = 'd'
   if string.sub(st, 1, 2) == 'l|' then
     local holder = string.match(st, '^l|[^|]*|(.*)$')
@@ -257,52 +386,54 @@ local function fill(rid, gkey, gid, slot, success, st, policy_version, blob)
       filled = 'd|' .. holder
     end
   end
-  redis.call('HSET', S, rid, filled)
-  redis.call('ZREM', INFL, rid)
-  redis.call('HSET', gkey, 'r:' .. slot, blob)
-  local minv = redis.call('HGET', gkey, 'min_v')
-  if (not minv) or policy_version < tonumber(minv) then
-    redis.call('HSET', gkey, 'min_v', policy_version)
+  set_slot(rid, filled)
+  infl_rem[#infl_rem + 1] = rid
+  g.w['r:' .. sl] = blob
+  if (not g.min_v) or policy_version < tonumber(g.min_v) then
+    g.min_v = policy_version
+    g.w.min_v = policy_version
   end
-  local g = load_group(gkey)
-  g.done = redis.call('HINCRBY', gkey, 'done', 1)
-  if success == 1 then g.s = redis.call('HINCRBY', gkey, 's', 1)
-  else g.f = redis.call('HINCRBY', gkey, 'f', 1) end
-  local state = redis.call('HGET', GSTATE, gid)
+  g.done = g.done + 1
+  if success == 1 then g.s = g.s + 1 else g.f = g.f + 1 end
+  local state = gstate[g.gid]
   local decision = nil
   if state == 'open' then
-    decision = decide_open(gkey, gid, g)
-    redis.call('HINCRBY', STATS, 'decisions_' .. decision, 1)
-    state = redis.call('HGET', GSTATE, gid)
-    g.issued = tonumber(redis.call('HGET', gkey, 'issued'))
+    decision = decide_open(g)
+    count_up('decisions_' .. decision, 1)
+    state = gstate[g.gid]
   end
-  maybe_complete(gkey, gid, g, state)
+  maybe_complete(g, state)
   return decision
 end
 
 -- An unfinished rollout its own holder gave up (success = -1): nothing was learned, so the slot
 -- goes back to the front of the queue at once instead of waiting for the lease to expire.
 local function release(rid)
-  redis.call('HSET', S, rid, 'p')
-  redis.call('ZREM', INFL, rid)
-  redis.call('LPUSH', PEND, rid)
-  redis.call('HINCRBY', STATS, 'rollouts_reissued', 1)
+  set_slot(rid, 'p')
+  infl_rem[#infl_rem + 1] = rid
+  pend_push[#pend_push + 1] = rid
+  count_up('rollouts_reissued', 1)
 end
 
 local accepted, dups, late, released, tokens, newest = 0, 0, 0, 0, 0, -1
 local decided, order = {}, {}
 for i = 1, count do
-  local rid, gkey, success = arg(i, 1), KEYS[tonumber(arg(i, 2))], tonumber(arg(i, 3))
-  local gid, slot = string.match(rid, '^(.*):(%d+)$')
+  local rid, success = rids[i], tonumber(arg(i, 3))
+  local gid, sl = string.match(rid, '^(.*):(%d+)$')
+  local g = groups[gid]
   tokens = tokens + tonumber(arg(i, 4))
   newest = math.max(newest, tonumber(arg(i, 5)))
-  local st = redis.call('HGET', S, rid)
+  local st = slot[rid]
   local held_here = string.match(st, '^l|[^|]*|(.*)$') == wid
   if success == -2 then
-    redis.call('HINCRBY', STATS, 'rollouts_errored', 1)
+    count_up('rollouts_errored', 1)
     -- the holder's error: retry the slot elsewhere, up to the cap; then it is a failure
-    if held_here and redis.call('HINCRBY', gkey, 'errors:' .. slot, 1) >= MAX_ERRORS_PER_SLOT then
-      success = 0
+    if held_here then
+      local field = 'errors:' .. sl
+      local errors = tonumber(g.slot[field] or '0') + 1
+      g.slot[field] = errors
+      g.w[field] = errors
+      if errors >= MAX_ERRORS_PER_SLOT then success = 0 end
     end
   end
   local aborted = success < 0
@@ -317,18 +448,18 @@ for i = 1, count do
     released = released + 1
   else
     local decision = nil
-    if not aborted then learn_once(gkey, slot, success) end
+    if not aborted then learn_once(g, sl, success) end
     if st == 'c' or copy_holder or aborted then
       late = late + 1
-      if copy_holder then redis.call('HSET', S, rid, 'd') end
+      if copy_holder then set_slot(rid, 'd') end
     else
-      decision = fill(rid, gkey, gid, slot, success, st, tonumber(arg(i, 5)), arg(i, 6))
+      decision = fill(rid, g, sl, success, st, tonumber(arg(i, 5)), arg(i, 6))
       accepted = accepted + 1
     end
     if not decided[gid] then order[#order + 1] = gid end
     -- a result that decided nothing answers with the group's standing verdict
     if not decision then
-      local state = redis.call('HGET', GSTATE, gid)
+      local state = gstate[gid]
       decision = (state == 'open' and 'continue') or (state == 'abandoned' and 'abandon')
         or 'commit'
     end
@@ -336,19 +467,101 @@ for i = 1, count do
   end
 end
 
-redis.call('HINCRBY', STATS, 'rollouts_completed', accepted)
-redis.call('HINCRBY', STATS, 'results_duplicate', dups)
-redis.call('HINCRBY', STATS, 'results_late', late)
-redis.call('HINCRBY', STATS, 'tokens_generated', tokens)
+-- write back: one command per key
+hset_map(S, slot_writes)
+if #infl_rem > 0 then call_chunked('ZREM', INFL, infl_rem) end
+if #pend_push > 0 then call_chunked('LPUSH', PEND, pend_push) end
+-- the ready list's length goes with the wake-up: a trainer waiting for a batch of n groups
+-- sleeps on through fewer
+local ready_len = 0
+if #ready_push > 0 then ready_len = redis.call('RPUSH', READY, unpack(ready_push)) end
+hset_map(GSTATE, gstate_writes)
+if #gc_add > 0 then call_chunked('ZADD', GC, gc_add) end
+for _, gid in ipairs(gids) do
+  local g = groups[gid]
+  g.w.done, g.w.s, g.w.f = g.done, g.s, g.f
+  hset_map(g.key, g.w)
+end
+local post_out = {}
+for pid in pairs(post_writes) do post_out[pid] = cjson.encode(posts[pid]) end
+hset_map(POST, post_out)
+
+-- the open-groups zset, and the running total of its scores that open_groups.lua reads
+local room_freed = false
+if #open_order > 0 then
+  local total = redis.call('GET', YIELD)
+  local old = redis.call('ZMSCORE', OPEN, unpack(open_order))
+  local delta, adds, rems = 0, {}, {}
+  for i, gid in ipairs(open_order) do
+    if old[i] then delta = delta - math.floor(tonumber(old[i]) * 1e9 + 0.5) end
+    local score = open_final[gid]
+    if score then
+      adds[#adds + 1] = score; adds[#adds + 1] = gid
+      delta = delta + math.floor(score * 1e9 + 0.5)
+    else
+      rems[#rems + 1] = gid
+    end
+  end
+  if #adds > 0 then call_chunked('ZADD', OPEN, adds) end
+  if #rems > 0 then
+    call_chunked('ZREM', OPEN, rems)
+    -- no group left open: a draining run delivers what is ready, however few (-1: any size)
+    if redis.call('ZCARD', OPEN) == 0 then ready_len = -1 end
+  end
+  -- a run started before the total existed: sum the zset once, after this call's changes
+  if not total then
+    local sum = 0
+    local scores = redis.call('ZRANGE', OPEN, 0, -1, 'WITHSCORES')
+    for j = 2, #scores, 2 do sum = sum + math.floor(tonumber(scores[j]) * 1e9 + 0.5) end
+    redis.call('SET', YIELD, sum)
+  elseif delta ~= 0 then
+    redis.call('INCRBY', YIELD, delta)
+  end
+  room_freed = delta < 0
+end
+
+count_up('rollouts_completed', accepted)
+count_up('results_duplicate', dups)
+count_up('results_late', late)
+count_up('tokens_generated', tokens)
+for field, n in pairs(incr) do redis.call('HINCRBY', STATS, field, n) end
+for field, x in pairs(fincr) do redis.call('HINCRBYFLOAT', STATS, field, x) end
+for field, n in pairs(hist) do redis.call('HINCRBY', HIST, field, n) end
 redis.call('HINCRBY', WINFO, wid .. '|completed', accepted)
 redis.call('HINCRBY', WINFO, wid .. '|tokens', tokens)
 redis.call('HSET', WINFO, wid .. '|policy_version', newest)
 redis.call('ZADD', WORKERS, now, wid)
 
+-- cancels: the other workers' lists grow; this worker's comes back now
+local mine = cancel_adds[wid]
+local others_list = {}
+for _, worker in ipairs(cancel_workers) do
+  if worker ~= wid then others_list[#others_list + 1] = worker end
+end
+if #others_list > 0 then
+  local cur = hmget_map(CANCELS, others_list)
+  local out = {}
+  for _, worker in ipairs(others_list) do
+    local add = table.concat(cancel_adds[worker], ' ')
+    out[worker] = cur[worker] and (cur[worker] .. ' ' .. add) or add
+  end
+  hset_map(CANCELS, out)
+end
+local cancel = redis.call('HGET', CANCELS, wid) or ''
+if mine then
+  local add = table.concat(mine, ' ')
+  cancel = cancel ~= '' and (cancel .. ' ' .. add) or add
+end
+if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
+
+-- wake long polls (any replica): rollouts to lease or room to open groups; groups ready
+if #pend_push > 0 or room_freed then redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'lease') end
+if #ready_push > 0 or ready_len == -1 then
+  redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'batch', 'n', ready_len)
+end
+
 local flat = {}
 for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
-local cancel = redis.call('HGET', CANCELS, wid) or ''
-redis.call('HDEL', CANCELS, wid)
 if report_ttl > 0 then
   redis.call('SET', REPORT, cjson.encode({accepted, dups, late, flat, cancel, released}),
     'EX', report_ttl)

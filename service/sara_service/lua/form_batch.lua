@@ -3,6 +3,8 @@
 -- KEYS[4] = policy hash       KEYS[5] = batch hash (new)     KEYS[6] = batch_window hash
 -- KEYS[7] = recent_batches list   KEYS[8] = group_states hash   KEYS[9] = gc zset
 -- KEYS[10] = run_state string   KEYS[11] = open_groups zset
+-- KEYS[12] = wake stream: a new batch takes groups off the ready list, which makes room for
+--            new groups (lease long polls wait on it)
 -- ARGV[1] = now   ARGV[2] = size (groups wanted)   ARGV[3] = ack_deadline   ARGV[4] = max_staleness
 -- ARGV[5] = rollout_cap (per batch; 0 = none)   ARGV[6] = batch_id (new)   ARGV[7] = retention_s
 -- returns {'redeliver', batch id} | {'none'} | {'new', batch id}
@@ -28,22 +30,34 @@ local closing = (cap > 0 and spent(1) >= cap)
 local version = tonumber(redis.call('HGET', KEYS[4], 'version') or '0')
 local max_stale = tonumber(ARGV[4])
 local picked, gids, rollouts = {}, {}, 0
+local dropped, dropped_gc = {}, {}
 while #picked < want do
-  local entry = redis.call('LPOP', KEYS[1])
-  if not entry then break end
-  local gid, minv, n = string.match(entry, '^(.*)|(.*)|(%d+)$')
-  if minv ~= '' and version - tonumber(minv) > max_stale then
-    redis.call('HSET', KEYS[8], gid, 'dropped')
-    redis.call('ZADD', KEYS[9], now + tonumber(ARGV[7]), gid)
-    redis.call('HINCRBY', KEYS[3], 'groups_dropped_stale', 1)
-  else
-    picked[#picked + 1] = entry
-    gids[#gids + 1] = gid
-    rollouts = rollouts + tonumber(n)
+  local entries = redis.call('LPOP', KEYS[1], want - #picked)
+  if not entries then break end
+  for _, entry in ipairs(entries) do
+    local gid, minv, n = string.match(entry, '^(.*)|(.*)|(%d+)$')
+    if minv ~= '' and version - tonumber(minv) > max_stale then
+      dropped[#dropped + 1] = gid
+      dropped[#dropped + 1] = 'dropped'
+      dropped_gc[#dropped_gc + 1] = now + tonumber(ARGV[7])
+      dropped_gc[#dropped_gc + 1] = gid
+    else
+      picked[#picked + 1] = entry
+      gids[#gids + 1] = gid
+      rollouts = rollouts + tonumber(n)
+    end
   end
 end
+if #dropped > 0 then
+  call_chunked('HSET', KEYS[8], dropped)
+  call_chunked('ZADD', KEYS[9], dropped_gc)
+  redis.call('HINCRBY', KEYS[3], 'groups_dropped_stale', #dropped_gc / 2)
+end
 if #picked == 0 or (#picked < want and not closing) then
-  for i = #picked, 1, -1 do redis.call('LPUSH', KEYS[1], picked[i]) end
+  -- back at the front, in their order
+  local back = {}
+  for i = #picked, 1, -1 do back[#back + 1] = picked[i] end
+  call_chunked('LPUSH', KEYS[1], back)
   return {'none'}
 end
 
@@ -64,7 +78,9 @@ local encoded = cjson.encode(stats)
 redis.call('HSET', KEYS[5], 'groups', table.concat(gids, ','), 'policy_version', version,
   'created_at', ARGV[1], 'state', 'delivered', 'stats', encoded, 'rollouts', rollouts)
 redis.call('ZADD', KEYS[2], ARGV[3], bid)
-for _, gid in ipairs(gids) do redis.call('HSET', KEYS[8], gid, 'delivered') end
+local delivered = {}
+for _, gid in ipairs(gids) do delivered[#delivered + 1] = gid; delivered[#delivered + 1] = 'delivered' end
+call_chunked('HSET', KEYS[8], delivered)
 redis.call('HINCRBY', KEYS[3], 'batches_formed', 1)
 redis.call('HINCRBY', KEYS[3], 'groups_delivered', #gids)
 redis.call('HINCRBY', KEYS[3], 'rollouts_delivered', rollouts)
@@ -72,4 +88,5 @@ local summary = cjson.encode({batch_id = bid, created_at = now, policy_version =
   groups = #gids, rollouts = rollouts, stats = stats})
 redis.call('LPUSH', KEYS[7], summary)
 redis.call('LTRIM', KEYS[7], 0, 99)
+redis.call('XADD', KEYS[12], 'MAXLEN', '~', 64, '*', 'w', 'lease')
 return {'new', bid}

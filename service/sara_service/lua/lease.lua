@@ -4,12 +4,40 @@
 -- KEYS[7] = lease_rollouts set  KEYS[8] = workers zset      KEYS[9] = group_prompt hash
 -- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
 -- KEYS[13] = run_state string  KEYS[14] = prompts_retired hash (content of deleted prompts)
+-- KEYS[15] = wake stream (long polls of every replica wait on it)
 -- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = lease_id   ARGV[4] = max_rollouts
 -- ARGV[5] = expires_at (of the lease)   ARGV[6] = key_ttl_s   ARGV[7] = backend ('' = unknown)
--- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated)}
+-- ARGV[8] = requeue_limit (most expired leases to put back first, as expire_leases.lua does;
+--           0: none)
+-- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated),
+--          policy version, policy checkpoint ('' = none)}
+-- Each key is read and written once per batch of popped ids, not once per rollout.
 local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- rollouts whose lease ran out go back at the front first (one round trip, not two)
+local expire_limit = tonumber(ARGV[8])
+if expire_limit > 0 then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, expire_limit)
+  if #due > 0 then
+    redis.call('ZREM', KEYS[3], unpack(due))
+    local states = redis.call('HMGET', KEYS[2], unpack(due))
+    local slots, pushes = {}, {}
+    for i = #due, 1, -1 do  -- backwards: pushed onto the front, they keep their order
+      if states[i] and string.sub(states[i], 1, 2) == 'l|' then
+        slots[#slots + 1] = due[i]
+        slots[#slots + 1] = 'p'
+        pushes[#pushes + 1] = due[i]
+      end
+    end
+    if #pushes > 0 then
+      call_chunked('HSET', KEYS[2], slots)
+      call_chunked('LPUSH', KEYS[1], pushes)
+      redis.call('HINCRBY', KEYS[4], 'rollouts_reissued', #pushes)
+      if #pushes > want then redis.call('XADD', KEYS[15], 'MAXLEN', '~', 64, '*', 'w', 'lease') end
+    end
+  end
+end
 local held = 'l|' .. lid .. '|' .. wid
-local out = {}
+local taken, seen = {}, {}
 local got = 0
 -- paused: nothing is leased (pending rollouts wait), but the worker is still seen and gets its
 -- cancels; checked here, in the same script, so no lease slips past a pause
@@ -17,23 +45,40 @@ if redis.call('GET', KEYS[13]) == 'paused' then want = 0 end
 while got < want do
   local popped = redis.call('LPOP', KEYS[1], want - got)
   if not popped then break end
-  for _, rid in ipairs(popped) do
+  local states = redis.call('HMGET', KEYS[2], unpack(popped))
+  for i, rid in ipairs(popped) do
     -- cancelled or already answered slots stay in the queue until popped: skip them here
-    if redis.call('HGET', KEYS[2], rid) == 'p' then
-      redis.call('HSET', KEYS[2], rid, held)
-      redis.call('ZADD', KEYS[3], ARGV[5], rid)
-      redis.call('SADD', KEYS[7], rid)
-      local gid = string.match(rid, '^(.*):%d+$')
-      local pid = redis.call('HGET', KEYS[9], gid)
-      out[#out + 1] = rid
-      out[#out + 1] = pid
-      -- a group in flight still runs after its prompt was deleted: its content is retired
-      out[#out + 1] = redis.call('HGET', KEYS[10], pid) or redis.call('HGET', KEYS[14], pid)
+    if states[i] == 'p' and not seen[rid] then
+      seen[rid] = true
+      taken[#taken + 1] = rid
       got = got + 1
     end
   end
 end
+local out = {}
 if got > 0 then
+  local slots, scored, gids = {}, {}, {}
+  for i, rid in ipairs(taken) do
+    slots[2 * i - 1], slots[2 * i] = rid, held
+    scored[2 * i - 1], scored[2 * i] = ARGV[5], rid
+    gids[i] = string.match(rid, '^(.*):%d+$')
+  end
+  call_chunked('HSET', KEYS[2], slots)
+  call_chunked('ZADD', KEYS[3], scored)
+  call_chunked('SADD', KEYS[7], taken)
+  local pids = redis.call('HMGET', KEYS[9], unpack(gids))
+  local content = redis.call('HMGET', KEYS[10], unpack(pids))
+  local retired = nil
+  for i, rid in ipairs(taken) do
+    -- a group in flight still runs after its prompt was deleted: its content is retired
+    if not content[i] then
+      retired = retired or redis.call('HMGET', KEYS[14], unpack(pids))
+      content[i] = retired[i]
+    end
+    out[#out + 1] = rid
+    out[#out + 1] = pids[i]
+    out[#out + 1] = content[i]
+  end
   -- a lease topped up by a second call in the same request is still one lease
   if redis.call('EXISTS', KEYS[6]) == 0 then
     redis.call('HINCRBY', KEYS[4], 'leases_granted', 1)
@@ -49,5 +94,6 @@ end
 redis.call('ZADD', KEYS[8], ARGV[1], wid)
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[11], wid .. '|backend', ARGV[7]) end
 local cancel = redis.call('HGET', KEYS[5], wid) or ''
-redis.call('HDEL', KEYS[5], wid)
-return {out, cancel}
+if cancel ~= '' then redis.call('HDEL', KEYS[5], wid) end
+local policy = redis.call('HMGET', KEYS[12], 'version', 'checkpoint')
+return {out, cancel, policy[1] or '0', policy[2] or ''}

@@ -4,7 +4,9 @@
 -- KEYS[5] = slots hash           KEYS[6] = group_states hash
 -- KEYS[7] = group_prompt hash    KEYS[8] = posteriors hash
 -- KEYS[9] = run_state string      KEYS[10] = prompts_off hash (disabled / deleted prompts)
--- KEYS[10 + i] = hash of the i-th candidate group
+-- KEYS[11] = open_yield string (the open_groups zset's scores summed, in 1e-9 groups)
+-- KEYS[12] = wake stream (long polls of every replica wait on it)
+-- KEYS[12 + i] = hash of the i-th candidate group
 -- ARGV[1] = now                  ARGV[2] = flow_target (prefetch_batches x batch_size)
 -- ARGV[3] = specs: JSON list of group specs, in the order to open them:
 --           {gid, pid, k, thr_f, thr_s, issue, pf, ps, deliver_sat, commit}
@@ -15,16 +17,27 @@
 -- returns the number of specs consumed (a prefix of the list: the rest did not fit): opened, or
 --         passed over because their prompt is disabled or deleted. 0 while the run is paused or
 --         draining: the check lives here so no replica can open a group after a pause is set.
+-- Expected yield is counted in units of 1e-9 groups, each score rounded alone, so the running
+-- total that apply_results.lua keeps is exact whatever the order of its updates.
 if redis.call('EXISTS', KEYS[9]) == 1 then return 0 end
 local now = ARGV[1]
-local target = tonumber(ARGV[2])
+local UNIT = 1e9
+local target = tonumber(ARGV[2]) * UNIT
 local specs = cjson.decode(ARGV[3])
 
-local expected = redis.call('LLEN', KEYS[3])
-local scores = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-for i = 2, #scores, 2 do expected = expected + tonumber(scores[i]) end
+local function units(p) return math.floor(tonumber(p) * UNIT + 0.5) end
+local open_total = redis.call('GET', KEYS[11])
+if not open_total then  -- a run started before the total existed: sum the zset once
+  local scores = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  open_total = 0
+  for i = 2, #scores, 2 do open_total = open_total + units(scores[i]) end
+  redis.call('SET', KEYS[11], open_total)
+end
+open_total = tonumber(open_total)
+local expected = redis.call('LLEN', KEYS[3]) * UNIT + open_total
 
 if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[1], 'groups_skipped', ARGV[4]) end
+if #specs == 0 then return 0 end
 
 local audit_fraction, seed = tonumber(ARGV[5]), ARGV[6]
 
@@ -37,46 +50,75 @@ local function audited(pid, visit)
   return (h / 281474976710656 < audit_fraction) and 1 or 0
 end
 
+-- what every spec may need, read at once: disabled prompts and posteriors
+local pids = {}
+for i, g in ipairs(specs) do pids[i] = g.pid end
+local off = redis.call('HMGET', KEYS[10], unpack(pids))
+local raw_posts = redis.call('HMGET', KEYS[8], unpack(pids))
+local posts, post_writes = {}, {}
+for i, pid in ipairs(pids) do
+  if posts[pid] == nil then posts[pid] = raw_posts[i] and cjson.decode(raw_posts[i]) or false end
+end
+
+local states, prompts, zadds, slots, pushes = {}, {}, {}, {}, {}
+local issued, opened_groups = 0, 0
 -- Open one group from its spec; returns its expected yield p0.
 local function open_one(gkey, g)
   -- a plan that delivers saturated groups (uniform) yields a group for every group opened
   local p0 = (g.deliver_sat == 1) and 1 or g.pf[1]
-  redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
-    's', 0, 'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s,
-    'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', g.pf[1], 'created_at', now)
+  local post = posts[g.pid]
   local visit = 0
-  -- p_eff tables, one field per prefix length: pf:n (n failures), ps:n (n successes)
-  for n, p in ipairs(g.pf) do redis.call('HSET', gkey, 'pf:' .. (n - 1), p) end
-  for n, p in ipairs(g.ps) do redis.call('HSET', gkey, 'ps:' .. (n - 1), p) end
-  redis.call('HSET', KEYS[6], g.gid, 'open')
-  redis.call('HSET', KEYS[7], g.gid, g.pid)
-  redis.call('ZADD', KEYS[2], p0, g.gid)
-  local raw = redis.call('HGET', KEYS[8], g.pid)
-  if raw then
-    local post = cjson.decode(raw)
+  if post then
     visit = post.groups or 0
     post.groups = visit + 1
     post.last = g.gid
-    redis.call('HSET', KEYS[8], g.pid, cjson.encode(post))
+    post_writes[g.pid] = true
   end
-  redis.call('HSET', gkey, 'audit', audited(g.pid, visit))
+  -- p_eff tables, one field per prefix length: pf:n (n failures), ps:n (n successes)
+  local fields = {'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0, 's', 0, 'f', 0,
+    'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s, 'deliver_sat', g.deliver_sat,
+    'commit', g.commit, 'p_eff', g.pf[1], 'created_at', now, 'audit', audited(g.pid, visit)}
+  for n, p in ipairs(g.pf) do fields[#fields + 1] = 'pf:' .. (n - 1); fields[#fields + 1] = p end
+  for n, p in ipairs(g.ps) do fields[#fields + 1] = 'ps:' .. (n - 1); fields[#fields + 1] = p end
+  call_chunked('HSET', gkey, fields)
+  states[#states + 1] = g.gid; states[#states + 1] = 'open'
+  prompts[#prompts + 1] = g.gid; prompts[#prompts + 1] = g.pid
+  zadds[#zadds + 1] = p0; zadds[#zadds + 1] = g.gid
   for slot = 0, g.issue - 1 do
     local rid = g.gid .. ':' .. slot
-    redis.call('HSET', KEYS[5], rid, 'p')
-    redis.call('RPUSH', KEYS[4], rid)
+    slots[#slots + 1] = rid; slots[#slots + 1] = 'p'
+    pushes[#pushes + 1] = rid
   end
-  redis.call('HINCRBY', KEYS[1], 'rollouts_issued', g.issue)
-  redis.call('HINCRBY', KEYS[1], 'groups_opened', 1)
-  return p0
+  issued = issued + g.issue
+  opened_groups = opened_groups + 1
+  return units(p0)
 end
 
-local opened = 0
+local consumed, added = 0, 0
 for i, g in ipairs(specs) do
   if expected >= target then break end
   -- consumed, not opened: a disabled or deleted prompt is never opened again
-  if redis.call('HEXISTS', KEYS[10], g.pid) == 0 then
-    expected = expected + open_one(KEYS[10 + i], g)
+  if not off[i] then
+    local u = open_one(KEYS[12 + i], g)
+    expected = expected + u
+    added = added + u
   end
-  opened = opened + 1
+  consumed = consumed + 1
 end
-return opened
+if opened_groups == 0 then return consumed end
+
+call_chunked('HSET', KEYS[6], states)
+call_chunked('HSET', KEYS[7], prompts)
+call_chunked('ZADD', KEYS[2], zadds)
+redis.call('INCRBY', KEYS[11], added)
+local post_out = {}
+for pid in pairs(post_writes) do
+  post_out[#post_out + 1] = pid; post_out[#post_out + 1] = cjson.encode(posts[pid])
+end
+if #post_out > 0 then call_chunked('HSET', KEYS[8], post_out) end
+call_chunked('HSET', KEYS[5], slots)
+call_chunked('RPUSH', KEYS[4], pushes)
+redis.call('HINCRBY', KEYS[1], 'rollouts_issued', issued)
+redis.call('HINCRBY', KEYS[1], 'groups_opened', opened_groups)
+redis.call('XADD', KEYS[12], 'MAXLEN', '~', 64, '*', 'w', 'lease')
+return consumed
