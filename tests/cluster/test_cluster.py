@@ -179,6 +179,7 @@ def test_the_url_forms():
     assert type(connect("redis+cluster://h:1")).__name__ == "RedisCluster"
 
 
+@pytest.mark.anyio
 async def test_the_wake_listener_blocks_for_less_than_the_cluster_sockets_timeout(
         redis_cluster_url):
     """A cluster client has no pool of its own to give the listener, so its blocking read runs on
