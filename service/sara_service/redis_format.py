@@ -47,6 +47,9 @@ version); `cancels` maps a worker to space-separated rollout ids; `workers:info`
 `<worker>|<name>` (completed, tokens, policy_version, leases, first_seen, backend); a batch hash
 holds groups (comma-separated ids), policy_version, created_at, state, stats (JSON), rollouts,
 estimate (JSON), acked_at; a lease hash holds worker, expires_at, policy_version.
+`groups:open:yield` is the open_groups zset's scores summed, an integer in units of 1e-9 groups
+(flow control reads it instead of scanning the zset). The `wake` stream's entries carry
+w ('lease' or 'batch') and, for a batch, n (groups ready then; -1: any size may go).
 """
 
 from __future__ import annotations
