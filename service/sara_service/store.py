@@ -64,26 +64,36 @@ class AppliedResults:
     replayed: bool = False  # the stored answer of a report id applied before
 
 
-def _result_args(results: list[RolloutResult], successes: list[int]) -> tuple[str, list[str]]:
+def _result_args(results: list[RolloutResult], successes: list[int], versions: list[int]
+                 ) -> tuple[str, list[str]]:
     """apply_results.lua's `results` argument, every result in one JSON list (packing six
     arguments per result cost the client more than the script's work), and the groups whose
-    hashes follow the fixed KEYS, in that order. UnknownRollouts for an id that is no rollout id
-    at all."""
+    hashes follow the fixed KEYS, in that order. `versions` is each result's policy version (its
+    own, or its lease's). UnknownRollouts for an id that is no rollout id at all."""
     first = SCRIPTS["apply_results"].first_more_key
     group_index: dict[str, int] = {}
     unknown: list[str] = []
     rows = []
-    for r, ok in zip(results, successes):
+    for r, ok, version in zip(results, successes, versions):
         parsed = split_rollout_id(r.rollout_id)
         if parsed is None:
             unknown.append(r.rollout_id)
             continue
         idx = group_index.setdefault(parsed[0], first + len(group_index))
-        rows.append([r.rollout_id, idx, ok, r.completion_tokens, r.policy_version,
-                     r.model_dump_json(exclude_none=True)])
+        rows.append([r.rollout_id, idx, ok, r.completion_tokens, version, _result_blob(r, version)])
     if unknown:
         raise UnknownRollouts(unknown)
     return json.dumps(rows, ensure_ascii=False), list(group_index)
+
+
+def _result_blob(r: RolloutResult, version: int) -> str:
+    """The stored result JSON, with its policy version. One without a version of its own gets
+    the filled-in one appended to its dump (the object always has rollout_id before it): a
+    model_copy per result cost more than the rest of the call's packing."""
+    blob = r.model_dump_json(exclude_none=True)
+    if r.policy_version is not None:
+        return blob
+    return f'{blob[:-1]},"policy_version":{int(version)}}}'
 
 
 class Store(RunControl, StoreReads):
@@ -237,8 +247,8 @@ class Store(RunControl, StoreReads):
         with that id gets it back (`replayed`) and changes nothing. `holder_only` (an
         authenticated worker id) ignores results for rollouts another worker holds.
         """
-        results = await self._with_lease_versions(worker_id, results)
-        results_json, groups = _result_args(results, successes)
+        versions = await self._lease_versions(worker_id, results)
+        results_json, groups = _result_args(results, successes, versions)
         out = await self._script(
             "apply_results",
             # Lua cannot read "inf" portably: 0 stands for no half-life
@@ -262,24 +272,25 @@ class Store(RunControl, StoreReads):
         return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
                               rf.split_ids(text(out[5])), int(out[6]), replayed)
 
-    async def _with_lease_versions(self, worker_id: str, results: list[RolloutResult]
-                                   ) -> list[RolloutResult]:
-        """`results`, each without a policy_version given the version its lease was granted
-        under (the current one when the worker no longer holds that rollout)."""
+    async def _lease_versions(self, worker_id: str, results: list[RolloutResult]) -> list[int]:
+        """Each result's policy version: its own, else the version its lease was granted under
+        (the current one when the worker no longer holds that rollout)."""
         missing = [r.rollout_id for r in results if r.policy_version is None]
         if not missing:
-            return results
+            return [r.policy_version for r in results]  # type: ignore[misc]
         states = await self.slot_states(missing)
         leases = {rid: slot.lease_id for rid, slot in zip(missing, states)
                   if slot.kind == "leased" and slot.worker_id == worker_id}
+        # one read per lease, not per rollout: a report's results mostly share one lease
+        lease_ids = list(dict.fromkeys(leases.values()))
         pipe = self.redis.pipeline(transaction=False)
-        for lid in leases.values():
+        for lid in lease_ids:
             pipe.hget(self.keys.lease(lid), "policy_version")
         pipe.hget(self.keys.policy, "version")
         *granted, current = await pipe.execute()
-        versions = dict(zip(leases, granted))
-        return [r if r.policy_version is not None else r.model_copy(update={
-                    "policy_version": stored_int(versions.get(r.rollout_id) or current)})
+        by_lease = dict(zip(lease_ids, granted))
+        return [r.policy_version if r.policy_version is not None else
+                stored_int(by_lease.get(leases.get(r.rollout_id, "")) or current)
                 for r in results]
 
     # --- batches and policy ---------------------------------------------------------------------
