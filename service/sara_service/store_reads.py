@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sara_client.models import PolicyInfo
 
@@ -164,15 +164,17 @@ class StoreReads:
         return [_texts(row) for row in await pipe.execute()]
 
     @unavailable_on_redis_error
-    async def read_group_results(self, group_ids: list[str], k: int
-                                 ) -> list[tuple[str, list[dict[str, Any]]]]:
-        """(prompt id, results in slot order) per group: only what a batch carries."""
+    async def read_group_results(self, group_ids: list[str], k: int,
+                                 decode: Callable[[bytes], Any] = decode_result
+                                 ) -> list[tuple[str, list[Any]]]:
+        """(prompt id, results in slot order) per group: only what a batch carries. `decode`
+        turns a stored result's JSON into what the caller wants (default: a dict)."""
         fields = [rf.GroupField.prompt_id, *(rf.GroupField.result(i) for i in range(k))]
         pipe = self.redis.pipeline(transaction=False)
         for gid in group_ids:
             pipe.hmget(self.keys.group(gid), fields)
         rows = await pipe.execute()
-        return [(text(row[0] or b""), [decode_result(r) for r in row[1:] if r is not None])
+        return [(text(row[0] or b""), [decode(r) for r in row[1:] if r is not None])
                 for row in rows]
 
     @unavailable_on_redis_error

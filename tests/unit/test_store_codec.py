@@ -33,3 +33,14 @@ def test_decode_prompt_keeps_good_meta_and_replaces_bad():
         deep = {"a": deep}
     out = decode_prompt(json.dumps({"prompt": "q", "meta": deep}))
     assert out["prompt"] == "q" and set(out["meta"]) == {"sara_note"}
+
+
+def test_batch_rollouts_read_straight_from_json_and_older_nulls_still_floor():
+    from sara_service.scheduler import _batch_rollout
+
+    stored = {"rollout_id": "g:0", "completion": "é", "reward": 1.0, "completion_tokens": 3,
+              "policy_version": 2, "logprobs": [-0.5, -1.0]}
+    assert _batch_rollout(json.dumps(stored).encode()).model_dump() == {
+        **stored, "finish_reason": "stop", "token_ids": None}
+    older = json.dumps({**stored, "logprobs": [-0.5, None]}).encode()
+    assert _batch_rollout(older).logprobs == [-0.5, FLOOR_LOGPROB]
