@@ -55,16 +55,21 @@ def redis_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture
-def single_redis_url(redis_server) -> str:
+def emptied(server) -> str:
+    """The URL of a real redis-server, after deleting everything in it."""
     import redis
 
-    client = redis.Redis.from_url(redis_server.url)
+    client = redis.Redis.from_url(server.url)
     try:
         client.flushall()
     finally:
         client.close()
-    return redis_server.url
+    return server.url
+
+
+@pytest.fixture
+def single_redis_url(redis_server) -> str:
+    return emptied(redis_server)
 
 
 @pytest.fixture

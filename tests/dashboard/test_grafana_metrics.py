@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sara_service.settings import Settings
 
+from ..conftest import emptied
 from ..deploy.test_monitoring import DASHBOARD, dashboard_expressions
 from ._cdp import wait_until
 from ._live import LiveServer, Workload
@@ -57,14 +58,7 @@ def live(tmp_path_factory, redis_server_url):
 @pytest.fixture(scope="module")
 def redis_server_url(redis_server):
     """The session's real redis-server (tests/conftest.py), emptied for this module."""
-    import redis
-
-    client = redis.Redis.from_url(redis_server.url)
-    try:
-        client.flushall()
-    finally:
-        client.close()
-    return redis_server.url
+    return emptied(redis_server)
 
 
 def test_every_dashboard_metric_is_exported(live):

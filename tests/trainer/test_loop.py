@@ -84,6 +84,24 @@ def _local(tmp_path):
                              max_staleness=4)
 
 
+def route_client_to(monkeypatch, sara, expect: tuple[str, str | None] | None = None) -> None:
+    """`SaraClient(url, token=...)` opened by `sara train` gives the in-process scheduler's
+    client instead; with `expect`, the (url, token) it was opened with must be that."""
+
+    class ToLocal:
+        def __init__(self, url, token=None):
+            if expect is not None:
+                assert (url, token) == expect
+
+        def __enter__(self):
+            return sara
+
+        def __exit__(self, *exc_info):
+            return None
+
+    monkeypatch.setattr(sara_client, "SaraClient", ToLocal)
+
+
 def _check_checkpoint(root, step: int, version: int) -> None:
     path = latest_checkpoint(root)
     assert path is not None and path.name == f"step-{step:06d}"
@@ -187,17 +205,7 @@ def test_sara_train_cli_trains_against_the_scheduler(tiny_dir, tmp_path, monkeyp
         sara.add_prompts(_prompts())
         ScriptedWorker(sara).fill()
 
-        class _ToLocal:  # SaraClient(url, token=...) -> the in-process scheduler's client
-            def __init__(self, url, token=None):
-                assert (url, token) == ("http://scheduler:9", "t0k")
-
-            def __enter__(self):
-                return sara
-
-            def __exit__(self, *exc_info):
-                return None
-
-        monkeypatch.setattr(sara_client, "SaraClient", _ToLocal)
+        route_client_to(monkeypatch, sara, expect=("http://scheduler:9", "t0k"))
         result = CliRunner().invoke(cli.app, [
             "train", "--model", str(tiny_dir), "--url", "http://scheduler:9", "--token", "t0k",
             "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "2", "--estimator", "dr_grpo",

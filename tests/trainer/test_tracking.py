@@ -112,26 +112,15 @@ def test_jsonl_holds_the_same_values(trained):
 
 def test_sara_train_report_to_writes_tensorboard_and_jsonl(tiny_dir, tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
-    import sara_client
     from sara_cli import main as cli
-    from tests.trainer.test_loop import ScriptedWorker, _local, _prompts
+    from tests.trainer.test_loop import ScriptedWorker, _local, _prompts, route_client_to
     from typer.testing import CliRunner
 
     with _local(tmp_path) as sara:
         sara.add_prompts(_prompts())
         ScriptedWorker(sara).fill()
 
-        class _ToLocal:  # SaraClient(url, token=...) -> the in-process scheduler's client
-            def __init__(self, url, token=None):
-                pass
-
-            def __enter__(self):
-                return sara
-
-            def __exit__(self, *exc_info):
-                return None
-
-        monkeypatch.setattr(sara_client, "SaraClient", _ToLocal)
+        route_client_to(monkeypatch, sara)
         result = CliRunner().invoke(cli.app, [
             "train", "--model", str(tiny_dir), "--url", "http://scheduler:9",
             "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "2", "--threads", "1",
