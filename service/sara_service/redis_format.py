@@ -236,7 +236,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "initial_posterior", more_args=("prompt_id", "prompt_json")),
     _spec("prompt_state", "prompts posteriors prompts_off prompts_retired", "action prompt_id",
           replies=("unknown", "disabled", "enabled", "deleted")),
-    _spec("refill_epoch", "epoch_queue epoch", "seen_epoch", more_args=("prompt_id",)),
+    _spec("refill_epoch", "epoch_queue epoch", "seen_epoch prompt_ids"),
     _spec("open_groups", "stats open_groups ready pending slots group_states group_prompt "
           "posteriors run_state prompts_off open_yield wake",
           "now flow_target specs skipped audit_fraction seed", more_keys="group"),

@@ -146,8 +146,8 @@ class Store(RunControl, StoreReads):
             ids = sorted(text(x) for x in await self.redis.hkeys(k.prompts))
             if not ids:
                 return got
-            await self._script("refill_epoch", dict(seen_epoch=epoch),
-                               more_args=shuffle(ids, seed * 1_000_003 + epoch))
+            order = shuffle(ids, seed * 1_000_003 + epoch)
+            await self._script("refill_epoch", dict(seen_epoch=epoch, prompt_ids=" ".join(order)))
             more = await self.redis.lpop(k.epoch_queue, count - len(got)) or []
             got += [text(x) for x in more]
         return got

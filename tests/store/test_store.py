@@ -59,7 +59,7 @@ async def test_refill_by_two_replicas_that_saw_the_same_epoch_happens_once(store
     k = store.keys
     script, spec = store._scripts["refill_epoch"], SCRIPTS["refill_epoch"]
     for order in (["x", "y"], ["y", "x"]):
-        args = spec.arg_list(order, seen_epoch=0)
+        args = spec.arg_list(seen_epoch=0, prompt_ids=" ".join(order))
         assert int(await script(keys=spec.key_list(k), args=args)) == 1
     assert await store.redis.lrange(k.epoch_queue, 0, -1) == [b"x", b"y"]
 
