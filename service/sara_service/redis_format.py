@@ -21,7 +21,9 @@ Group hash fields (`group:<id>`):
     prompt_id, k, issued, done, cancelled, created_at   as named
     s, f                 successes, failures among the done slots
     thr_f, thr_s         abandon after this many failures (successes) with no success (failure)
-    pf:<n>, ps:<n>       p_eff (chance the group ends mixed) after n failures (successes) only
+    pf, ps               JSON lists: entry n is p_eff (chance the group ends mixed) after n
+                         failures (successes) only: the plan's tables (pf:<n>, ps:<n>, one field
+                         per entry, in groups opened by releases before 2026-12)
     p_eff                the current p_eff (1 once committed)
     min_v                oldest policy version among the stored results
     deliver_sat          1: a saturated (all-equal) group is delivered, not dropped (uniform)
@@ -54,6 +56,7 @@ w ('lease' or 'batch') and, for a batch, n (groups ready then; -1: any size may 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -102,19 +105,13 @@ class GroupField:
     successes, failures = "s", "f"
     abandon_after_failures, abandon_after_successes = "thr_f", "thr_s"
     p_eff, oldest_policy_version, created_at = "p_eff", "min_v", "created_at"
+    p_eff_after_failures, p_eff_after_successes = "pf", "ps"  # JSON lists: entry n after n only
     deliver_saturated, commit, audit, audited = "deliver_sat", "commit", "audit", "audited"
 
     @staticmethod
     def result(slot: int) -> str:
         return f"r:{slot}"
 
-    @staticmethod
-    def p_eff_after_failures(n: int) -> str:
-        return f"pf:{n}"
-
-    @staticmethod
-    def p_eff_after_successes(n: int) -> str:
-        return f"ps:{n}"
 
 
 class PosteriorField:
@@ -128,12 +125,22 @@ class PosteriorField:
 
 def group_spec(group_id: str, prompt_id: str, plan: GroupPlan, commit: str) -> dict[str, Any]:
     """One entry of open_groups.lua's `specs` list: the group and the plan it seeds the group
-    hash with. The p_eff tables go as repr strings: the script stores them verbatim, so the `pf:n`
-    and `ps:n` fields read back as exactly the doubles Python computed."""
+    hash with. The p_eff tables go as the JSON text the script stores verbatim in the `pf` and
+    `ps` fields, and `p0` as the first entry's text: each number is its repr, so they read back
+    as exactly the doubles Python computed."""
+    fail, success = _p_eff_tables(plan)
     return {"gid": group_id, "pid": prompt_id, "k": plan.k, "thr_f": plan.after_failures,
-            "thr_s": plan.after_successes, "issue": plan.initial_issue,
-            "pf": [repr(x) for x in plan.p_eff_fail], "ps": [repr(x) for x in plan.p_eff_success],
-            "deliver_sat": int(plan.deliver_saturated), "commit": commit}
+            "thr_s": plan.after_successes, "issue": plan.initial_issue, "pf": fail, "ps": success,
+            "p0": repr(plan.p_eff_fail[0]), "deliver_sat": int(plan.deliver_saturated),
+            "commit": commit}
+
+
+@functools.lru_cache(maxsize=1024)
+def _p_eff_tables(plan: GroupPlan) -> tuple[str, str]:
+    """A plan's p_eff tables as JSON lists of reprs: many groups share one plan, and formatting
+    18 floats per group was a visible share of opening them."""
+    return tuple("[" + ",".join(repr(x) for x in table) + "]"  # type: ignore[return-value]
+                 for table in (plan.p_eff_fail, plan.p_eff_success))
 
 
 def initial_posterior(alpha0: float, beta0: float, version: int) -> dict[str, Any]:
@@ -241,8 +248,10 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "posteriors run_state prompts_off open_yield wake",
           "now flow_target specs skipped audit_fraction seed", more_keys="group"),
     _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
-          "group_prompt prompts worker_info policy run_state prompts_retired wake",
-          "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit"),
+          "group_prompt prompts worker_info policy run_state prompts_retired wake ready "
+          "open_yield",
+          "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit "
+          "flow_target"),
     _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",
           "now worker_id lease_id expires_at key_ttl_s", replies=("unknown", "not_yours", "ok")),
     _spec("expire_leases", "inflight slots pending stats wake", "now limit"),
@@ -250,7 +259,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "abandon_hist workers worker_info policy gc group_states prompts report open_yield "
           "wake",
           "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only "
-          "results group_size",
+          "results",
           more_keys="group",
           replies=("replay", "unknown", "ok", *DECISIONS)),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "

@@ -221,17 +221,20 @@ class Scheduler:
             ticket = await self._ticket("lease", deadline)
             now = self.clock()
             expires_at = now + s.lease_ttl_s
-            # expired leases go back to the queue in the same script (EXPIRE_BATCH at a time)
-            leased, cancel, policy = await self.store.lease_with_policy(
+            # expired leases go back to the queue in the same script (EXPIRE_BATCH at a time);
+            # groups open only when the script saw room for them
+            grant = await self.store.lease_with_policy(
                 now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
-                expire_limit=EXPIRE_BATCH)
-            if len(leased) < req.max_rollouts:
+                expire_limit=EXPIRE_BATCH, flow_target=self.flow_target)
+            leased, cancel, policy = grant.rollouts, grant.cancel, grant.policy
+            if len(leased) < req.max_rollouts and grant.room:
                 if await self.open_groups_for(now, req.max_rollouts - len(leased)):
-                    more, cancel_more, policy = await self.store.lease_with_policy(
+                    more = await self.store.lease_with_policy(
                         now, req.worker_id, lease_id, req.max_rollouts - len(leased), expires_at,
                         key_ttl, req.backend)
-                    leased += more
-                    cancel += cancel_more
+                    leased += more.rollouts
+                    cancel += more.cancel
+                    policy = more.policy
             if leased or cancel:
                 self.wakeups.release(ticket)
                 break
@@ -275,7 +278,7 @@ class Scheduler:
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
-            holder_only=holder_only, group_size=s.group_size)
+            holder_only=holder_only)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,

@@ -54,6 +54,17 @@ class LeasedRollout:
 
 
 @dataclass
+class LeaseGrant:
+    """What one lease.lua call gave: the rollouts, the worker's cancel list, the policy in
+    force, and whether flow control has room to open groups now (False when not asked)."""
+
+    rollouts: list[LeasedRollout]
+    cancel: list[str]
+    policy: PolicyInfo
+    room: bool
+
+
+@dataclass
 class AppliedResults:
     accepted: int
     duplicates: int
@@ -186,22 +197,23 @@ class Store(RunControl, StoreReads):
                     expires_at: float, key_ttl_s: int, backend: str | None
                     ) -> tuple[list[LeasedRollout], list[str]]:
         """Lease pending rollouts to a worker; returns (rollouts, cancel list)."""
-        rollouts, cancel, _ = await self.lease_with_policy(now, worker_id, lease_id, max_rollouts,
-                                                           expires_at, key_ttl_s, backend)
-        return rollouts, cancel
+        grant = await self.lease_with_policy(now, worker_id, lease_id, max_rollouts, expires_at,
+                                             key_ttl_s, backend)
+        return grant.rollouts, grant.cancel
 
     @unavailable_on_redis_error
     async def lease_with_policy(self, now: float, worker_id: str, lease_id: str,
                                 max_rollouts: int, expires_at: float, key_ttl_s: int,
-                                backend: str | None, expire_limit: int = 0
-                                ) -> tuple[list[LeasedRollout], list[str], PolicyInfo]:
+                                backend: str | None, expire_limit: int = 0,
+                                flow_target: int = 0) -> LeaseGrant:
         """`lease`, plus the policy in force, after first re-queueing up to `expire_limit`
         rollouts whose lease expired (as `expire_leases`): one round trip where a lease call
-        took three."""
-        flat, cancel, version, checkpoint = await self._script(
+        took three. With a `flow_target`, also whether open_groups could open a group now."""
+        flat, cancel, version, checkpoint, room = await self._script(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
                           max_rollouts=max_rollouts, expires_at=expires_at, key_ttl_s=key_ttl_s,
-                          backend=backend or "", requeue_limit=expire_limit),
+                          backend=backend or "", requeue_limit=expire_limit,
+                          flow_target=flow_target),
             self._lease_keys(lease_id))
         rollouts = []
         for i in range(0, len(flat), 3):
@@ -209,7 +221,7 @@ class Store(RunControl, StoreReads):
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
             rollouts.append(LeasedRollout(rid, group_id, pid, _leased_prompt(flat[i + 2])))
         policy = PolicyInfo(version=stored_int(version), checkpoint=text(checkpoint) or None)
-        return rollouts, rf.split_ids(text(cancel)), policy
+        return LeaseGrant(rollouts, rf.split_ids(text(cancel)), policy, int(room) == 1)
 
     def _lease_keys(self, lease_id: str) -> dict[str, str]:
         return dict(lease=self.keys.lease(lease_id),
@@ -235,7 +247,7 @@ class Store(RunControl, StoreReads):
                             successes: list[int], decay: float, alpha0: float, beta0: float,
                             retention_s: float, half_life: float = math.inf, *,
                             report_id: str | None = None, report_ttl_s: int = 0,
-                            holder_only: bool = False, group_size: int = 0) -> AppliedResults:
+                            holder_only: bool = False) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
         Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
@@ -256,9 +268,7 @@ class Store(RunControl, StoreReads):
                  retention_s=retention_s,
                  half_life=repr(half_life) if math.isfinite(half_life) else 0,
                  count=len(results), report_ttl_s=report_ttl_s if report_id else 0,
-                 holder_only=int(holder_only), results=results_json,
-                 # the p_eff tables up to k come with each group's one read
-                 group_size=group_size),
+                 holder_only=int(holder_only), results=results_json),
             dict(report=self.keys.report(worker_id, report_id or "")),
             more_keys=[self.keys.group(g) for g in groups])
         if text(out[0]) == Reply.UNKNOWN:

@@ -10,6 +10,7 @@ Rollouts are scored by a script named in their prompt's `meta.script`:
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -46,6 +47,20 @@ def scripted_reward(rollout: dict[str, Any]) -> float:
 def prompt_spec(name: str, script: str, **extra: Any) -> dict[str, Any]:
     return {"id": name, "prompt": f"question {name}", "answer": "42", "task": "exact",
             "meta": {"script": script}, **extra}
+
+
+def count_scripts(app) -> Counter:
+    """Count the Lua scripts the app's store runs, by name."""
+    store = app.state.scheduler.store
+    calls: Counter = Counter()
+    run = store._script
+
+    async def counted(name, *args, **kwargs):
+        calls[name] += 1
+        return await run(name, *args, **kwargs)
+
+    store._script = counted
+    return calls
 
 
 def result_for(rollout: dict[str, Any], reward: float | None = None,

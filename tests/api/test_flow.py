@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import prompt_spec, result_for
+from .conftest import count_scripts, prompt_spec, result_for
 
 pytestmark = pytest.mark.anyio
 
@@ -29,9 +29,13 @@ async def test_groups_stop_opening_at_the_target_and_resume_after_a_batch(make_a
         assert q["expected_yield_open"] == pytest.approx(expected_open * P0)
     assert q["flow_target"] == 2 and q["expected_yield_open"] >= 2
 
+    scripts = count_scripts(api.app)
     for _ in range(2):  # target met: nothing more to lease, nothing more opened
         empty = await api.lease("w2", 8)
         assert empty["rollouts"] == [] and empty["lease_id"] is None
+    # the lease script says there is no room: no prompts are taken from the epoch, no
+    # open_groups call is made to be refused (what a worker held back costs, per call)
+    assert scripts == {"lease": 2}
     q, c = await queues(api)
     assert c["groups_opened"] == 3 and q["pending"] == 0 and q["leased"] == 12
 

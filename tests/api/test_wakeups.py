@@ -13,26 +13,12 @@ from collections import Counter
 
 import pytest
 
-from .conftest import prompt_spec
+from .conftest import count_scripts, prompt_spec
 
 pytestmark = pytest.mark.anyio
 
 NO_FALLBACK = {"poll_interval_s": 600.0}  # a wait that ends did not end on the timer
 SAFETY_S = 20.0  # bounds a broken test; never how the test synchronises
-
-
-def count_scripts(app) -> Counter:
-    """Count the Lua scripts the app's store runs, by name."""
-    store = app.state.scheduler.store
-    calls: Counter = Counter()
-    run = store._script
-
-    async def counted(name, *args, **kwargs):
-        calls[name] += 1
-        return await run(name, *args, **kwargs)
-
-    store._script = counted
-    return calls
 
 
 async def test_a_waiting_lease_wakes_when_another_replica_adds_work(make_api):

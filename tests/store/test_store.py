@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -70,6 +71,38 @@ async def test_flow_control_stops_opening_at_the_expected_yield_target(store):
     opened = await store.open_groups(0.0, 2, groups, "complete")
     assert opened == 3  # 0 -> 7/9 -> 14/9 -> 21/9 >= 2
     assert (await counters(store))["rollouts_issued"] == 3 * SARA8.initial_issue
+
+
+async def test_lease_says_whether_flow_control_has_room_to_open_groups(store):
+    async def room(target):
+        return (await store.lease_with_policy(0.0, "w", "L", 1, 10.0, 100, None,
+                                              flow_target=target)).room
+
+    assert await room(2) is True
+    assert await store.open_groups(0.0, 2, [(f"g{i}", "p", SARA8) for i in range(3)],
+                                   "complete") == 3  # 21/9 of yield: at the target
+    assert await room(2) is False and await room(3) is True
+    assert await room(0) is False  # not asked
+    await store.set_run_state("pause")
+    assert await room(3) is False  # open_groups would open nothing while paused
+
+
+async def test_a_group_opened_with_one_field_per_p_eff_entry_is_still_decided(store):
+    # releases before the p_eff tables became one JSON list per side stored pf:<n> and ps:<n>
+    plan = dataclasses.replace(SARA8, initial_issue=8)
+    for gid in ("new", "old"):
+        await store.open_groups(0.0, 100, [(gid, "p", plan)], "complete")
+    old = store.keys.group("old")
+    fail, succ = (json.loads(x) for x in await store.redis.hmget(old, "pf", "ps"))
+    await store.redis.hdel(old, "pf", "ps")
+    await store.redis.hset(old, mapping={**{f"pf:{n}": repr(x) for n, x in enumerate(fail)},
+                                         **{f"ps:{n}": repr(x) for n, x in enumerate(succ)}})
+    for gid in ("new", "old"):
+        applied = await report(store, "w", [(f"{gid}:{i}", 0) for i in range(4)])
+        assert applied.decisions == [(gid, "abandon")]
+    p_new, p_old = (float(x) for x in await store.redis.hmget(
+        store.keys.group("new"), "p_eff") + await store.redis.hmget(old, "p_eff"))
+    assert p_new == p_old == pytest.approx(fail[4])
 
 
 async def test_lease_skips_cancelled_rollouts_and_hands_out_cancel_lists(store):

@@ -120,6 +120,6 @@ def test_architecture_doc_explains_every_short_field():
     text = ARCHITECTURE.read_text().replace("\\|", "|")  # a '|' in a table cell is escaped
     short = [v for cls in (rf.GroupField, rf.PosteriorField) for k, v in vars(cls).items()
              if not k.startswith("_") and isinstance(v, str)]
-    missing = [f for f in short + ["pf:<n>", "ps:<n>", "r:<slot>", "l|<lease>|<worker>",
+    missing = [f for f in short + ["r:<slot>", "l|<lease>|<worker>",
                                    "d|<worker>"] if f"`{f}`" not in text]
     assert not missing

@@ -17,8 +17,6 @@
 -- ARGV[11] = results: JSON list, each [rollout id, index of its group key in KEYS, success
 --            (1/0/-1/-2), tokens, policy version, result JSON (a string)]: one argument, not six
 --            per result, for the client to pack
--- ARGV[12] = group_size: the run's k (0: unknown); the p_eff tables up to it are read with each
---            group's one HMGET
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
 --          released}, or {'replay', JSON of that answer} when this report id was applied before:
@@ -76,7 +74,7 @@ local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 
 -- groups: the fields decisions read, and the per-slot fields of the slots reported here
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
-  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled'}
+  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps'}
 local per_group_slots = {}
 for i = 1, count do
   local gid, sl = string.match(rids[i], '^(.*):(%d+)$')
@@ -86,12 +84,6 @@ for i = 1, count do
     per_group_slots[gid] = list
   end
 end
--- the plan's p_eff tables up to the run's k come in the same read (a group of another k
--- reads the rest when a decision needs it)
-local k_hint = tonumber(ARGV[12] or '0')
-local N_FIXED = #GROUP_FIELDS
-for i = 0, k_hint do GROUP_FIELDS[#GROUP_FIELDS + 1] = 'pf:' .. i end
-for i = 0, k_hint do GROUP_FIELDS[#GROUP_FIELDS + 1] = 'ps:' .. i end
 local groups = {}
 for _, gid in ipairs(gids) do
   local fields = {unpack(GROUP_FIELDS)}
@@ -106,8 +98,7 @@ for _, gid in ipairs(gids) do
       done = tonumber(v[4]), s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]),
       thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
       audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
-      w = {}, ptab = {}}
-    for j = N_FIXED + 1, #GROUP_FIELDS do g.ptab[fields[j]] = v[j] end
+      w = {}, ptab = {pf = v[15], ps = v[16]}}
     for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
     groups[gid] = g
   end
@@ -306,17 +297,20 @@ local function begin_audit(g)
   issue(g, g.issued, g.k)
 end
 
--- The plan's p_eff tables (pf:n, ps:n), read once per group when a decision first needs them.
+-- p_eff after n failures (successes) only, from the plan's tables: each a JSON list in one
+-- field, decoded when a decision first needs it. A group opened by a release that kept one
+-- field per entry (pf:n, ps:n) has no list: its entry is read alone.
 local function p_eff_at(g, failing, n)
-  if math.max(math.min(g.thr_f, g.k), math.min(g.thr_s, g.k)) > k_hint and not g.ptab_all then
-    g.ptab_all = true
-    local fields = {}
-    for i = 0, math.min(g.thr_f, g.k) do fields[#fields + 1] = 'pf:' .. i end
-    for i = 0, math.min(g.thr_s, g.k) do fields[#fields + 1] = 'ps:' .. i end
-    local v = redis.call('HMGET', g.key, unpack(fields))
-    for i, f in ipairs(fields) do g.ptab[f] = v[i] end
+  local side = failing and 'pf' or 'ps'
+  local tab = g.ptab[side]
+  if tab == nil or tab == false then
+    return tonumber(redis.call('HGET', g.key, side .. ':' .. n))
   end
-  return tonumber(g.ptab[(failing and 'pf:' or 'ps:') .. n])
+  if type(tab) == 'string' then
+    tab = cjson.decode(tab)
+    g.ptab[side] = tab
+  end
+  return tab[n + 1]
 end
 
 -- Decide an open group after one more outcome; returns the decision.

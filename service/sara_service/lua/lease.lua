@@ -5,12 +5,16 @@
 -- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
 -- KEYS[13] = run_state string  KEYS[14] = prompts_retired hash (content of deleted prompts)
 -- KEYS[15] = wake stream (long polls of every replica wait on it)
+-- KEYS[16] = ready list         KEYS[17] = open_yield string (as open_groups.lua reads them)
 -- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = lease_id   ARGV[4] = max_rollouts
 -- ARGV[5] = expires_at (of the lease)   ARGV[6] = key_ttl_s   ARGV[7] = backend ('' = unknown)
 -- ARGV[8] = requeue_limit (most expired leases to put back first, as expire_leases.lua does;
 --           0: none)
+-- ARGV[9] = flow_target (prefetch_batches x batch_size; 0: room is not asked for)
 -- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated),
---          policy version, policy checkpoint ('' = none)}
+--          policy version, policy checkpoint ('' = none), room}: room is 1 when open_groups.lua
+--          could open a group now (the run is neither paused nor draining, and flow control is
+--          under its target), else 0, so a worker that flow control holds back costs one call
 -- Each key is read and written once per batch of popped ids, not once per rollout.
 local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- rollouts whose lease ran out go back at the front first (one round trip, not two)
@@ -96,4 +100,13 @@ if ARGV[7] ~= '' then redis.call('HSET', KEYS[11], wid .. '|backend', ARGV[7]) e
 local cancel = redis.call('HGET', KEYS[5], wid) or ''
 if cancel ~= '' then redis.call('HDEL', KEYS[5], wid) end
 local policy = redis.call('HMGET', KEYS[12], 'version', 'checkpoint')
-return {out, cancel, policy[1] or '0', policy[2] or ''}
+local room = 0
+local target = tonumber(ARGV[9])
+if target > 0 and redis.call('EXISTS', KEYS[13]) == 0 then
+  -- a run started before the running total existed: open_groups.lua sums it on its next call
+  local open_total = redis.call('GET', KEYS[17])
+  if not open_total or redis.call('LLEN', KEYS[16]) * 1e9 + tonumber(open_total) < target * 1e9 then
+    room = 1
+  end
+end
+return {out, cancel, policy[1] or '0', policy[2] or '', room}

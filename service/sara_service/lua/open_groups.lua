@@ -9,7 +9,8 @@
 -- KEYS[12 + i] = hash of the i-th candidate group
 -- ARGV[1] = now                  ARGV[2] = flow_target (prefetch_batches x batch_size)
 -- ARGV[3] = specs: JSON list of group specs, in the order to open them:
---           {gid, pid, k, thr_f, thr_s, issue, pf, ps, deliver_sat, commit}
+--           {gid, pid, k, thr_f, thr_s, issue, pf, ps, p0, deliver_sat, commit}: pf and ps are
+--           the p_eff tables as JSON text (stored verbatim), p0 their first entry as text
 -- ARGV[4] = skipped: prompts skipped before any rollout (counted only)
 -- ARGV[5] = audit_fraction: the share of groups that, should SARA decide to abandon them, are
 --           completed to k instead so the run can measure what abandoning loses
@@ -65,7 +66,7 @@ local issued, opened_groups = 0, 0
 -- Open one group from its spec; returns its expected yield p0.
 local function open_one(gkey, g)
   -- a plan that delivers saturated groups (uniform) yields a group for every group opened
-  local p0 = (g.deliver_sat == 1) and 1 or g.pf[1]
+  local p0 = (g.deliver_sat == 1) and 1 or g.p0
   local post = posts[g.pid]
   local visit = 0
   if post then
@@ -74,13 +75,12 @@ local function open_one(gkey, g)
     post.last = g.gid
     post_writes[g.pid] = true
   end
-  -- p_eff tables, one field per prefix length: pf:n (n failures), ps:n (n successes)
-  local fields = {'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0, 's', 0, 'f', 0,
-    'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s, 'deliver_sat', g.deliver_sat,
-    'commit', g.commit, 'p_eff', g.pf[1], 'created_at', now, 'audit', audited(g.pid, visit)}
-  for n, p in ipairs(g.pf) do fields[#fields + 1] = 'pf:' .. (n - 1); fields[#fields + 1] = p end
-  for n, p in ipairs(g.ps) do fields[#fields + 1] = 'ps:' .. (n - 1); fields[#fields + 1] = p end
-  call_chunked('HSET', gkey, fields)
+  -- the p_eff tables, each one field (a JSON list, entry n: after n failures / successes only):
+  -- two fields where one per prefix length made every read of the hash ~40 fields long
+  redis.call('HSET', gkey, 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0, 's', 0,
+    'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s, 'deliver_sat', g.deliver_sat,
+    'commit', g.commit, 'p_eff', g.p0, 'created_at', now, 'audit', audited(g.pid, visit),
+    'pf', g.pf, 'ps', g.ps)
   states[#states + 1] = g.gid; states[#states + 1] = 'open'
   prompts[#prompts + 1] = g.gid; prompts[#prompts + 1] = g.pid
   zadds[#zadds + 1] = p0; zadds[#zadds + 1] = g.gid
