@@ -66,6 +66,7 @@ TOPOLOGIES = {  # name -> (serve processes, uvicorn workers per process)
     "1x2": (1, 2),
     "2x1": (2, 1),
 }
+LEASE_WAIT_S = 5.0  # phase A's lease long-poll: sara_worker's default lease_wait_s
 STARTUP_LINE = "no role tokens configured"  # logged once per uvicorn worker at start-up
 TOPOLOGY_TEXT = {"1x1": "1 serve process", "1x2": "1 serve process, --workers 2",
                  "2x1": "2 serve processes"}
@@ -192,8 +193,8 @@ class SdkDriver:
     def __init__(self, url: str) -> None:
         self.client = AsyncSaraClient(url, timeout=30.0)
 
-    async def lease(self, wid: str, n: int) -> list[tuple[str, float]]:
-        answer = await self.client.lease(wid, n, wait_s=0.0)
+    async def lease(self, wid: str, n: int, wait_s: float = 0.0) -> list[tuple[str, float]]:
+        answer = await self.client.lease(wid, n, wait_s=wait_s)
         return [(r.rollout_id, float(r.meta.get("p_success", 0.5))) for r in answer.rollouts]
 
     async def report(self, wid: str, results: list[dict]) -> int:
@@ -224,8 +225,9 @@ class RawDriver(SdkDriver):
             raise RuntimeError(f"{path}: HTTP {response.status_code} {response.text[:200]}")
         return response
 
-    async def lease(self, wid: str, n: int) -> list[tuple[str, float]]:
-        answer = (await self._post("/leases", {"worker_id": wid, "max_rollouts": n})).json()
+    async def lease(self, wid: str, n: int, wait_s: float = 0.0) -> list[tuple[str, float]]:
+        answer = (await self._post("/leases", {"worker_id": wid, "max_rollouts": n,
+                                               "wait_s": wait_s})).json()
         return [(r["rollout_id"], float(r["meta"].get("p_success", 0.5)))
                 for r in answer["rollouts"]]
 
@@ -266,9 +268,9 @@ class LeanDriver(RawDriver):
             raise RuntimeError(f"{path}: HTTP {response.status} {data[:200]!r}")
         return response.status, data
 
-    async def lease(self, wid: str, n: int) -> list[tuple[str, float]]:
-        answer = orjson.loads((await self._call("/leases", {"worker_id": wid,
-                                                             "max_rollouts": n}))[1])
+    async def lease(self, wid: str, n: int, wait_s: float = 0.0) -> list[tuple[str, float]]:
+        answer = orjson.loads((await self._call("/leases", {"worker_id": wid, "max_rollouts": n,
+                                                             "wait_s": wait_s}))[1])
         return [(r["rollout_id"], float(r["meta"].get("p_success", 0.5)))
                 for r in answer["rollouts"]]
 
@@ -302,11 +304,11 @@ def make_results(rollouts: list[tuple[str, float]], rng: random.Random) -> list[
 
 
 async def cycle(driver: SdkDriver, wid: str, per_call: int, rng: random.Random,
-                tally: Tally, t0: float | None = None) -> int:
+                tally: Tally, t0: float | None = None, wait_s: float = 0.0) -> int:
     """lease(per_call) -> report them. Latencies in ms; /leases from t0 (its scheduled start)."""
     start = time.perf_counter() if t0 is None else t0
     try:
-        rollouts = await driver.lease(wid, per_call)
+        rollouts = await driver.lease(wid, per_call, wait_s)
     except Exception as exc:
         tally.error("/leases", exc)
         return 0
@@ -452,10 +454,13 @@ async def phase_max(urls: list[str], args: argparse.Namespace, duration: float,
     stop = asyncio.Event()
 
     async def worker(i: int) -> None:
+        # like sara_worker, a lease long-polls while flow control waits on the trainer, and the
+        # scheduler answers it when room opens (a wake-up, not a retry loop)
         rng = random.Random(i)
         while not stop.is_set():
-            if not await cycle(workers[i], f"bench-w{i}", args.per_call, rng, tally):
-                await asyncio.sleep(0.005)  # nothing to lease: flow control is waiting on acks
+            if not await cycle(workers[i], f"bench-w{i}", args.per_call, rng, tally,
+                               wait_s=LEASE_WAIT_S):
+                await asyncio.sleep(0.005)  # a poll that ended empty (or an error)
 
     cpu0, started = own_cpu(), time.perf_counter()
     tasks = [asyncio.create_task(worker(i)) for i in range(args.clients)]
