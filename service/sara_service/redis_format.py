@@ -262,6 +262,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "results",
           more_keys="group",
           replies=("replay", "unknown", "ok", *DECISIONS)),
+    _spec("group_results", "", "k", more_keys="group"),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
           "group_states gc run_state open_groups wake",
           "now size ack_deadline max_staleness rollout_cap batch_id retention_s",

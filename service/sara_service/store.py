@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Sequence
 
+import orjson
 import redis.asyncio as aioredis
 
 from sara_client.models import PolicyInfo, PromptIn, RolloutResult, prompt_json
@@ -76,9 +77,10 @@ class AppliedResults:
 
 
 def _result_args(results: list[RolloutResult], successes: list[int], versions: list[int]
-                 ) -> tuple[str, list[str]]:
+                 ) -> tuple[bytes, list[str]]:
     """apply_results.lua's `results` argument, every result in one JSON list (packing six
-    arguments per result cost the client more than the script's work), and the groups whose
+    arguments per result cost the client more than the script's work; orjson, as the json
+    module's encoder was a visible share of a report), and the groups whose
     hashes follow the fixed KEYS, in that order. `versions` is each result's policy version (its
     own, or its lease's). UnknownRollouts for an id that is no rollout id at all."""
     first = SCRIPTS["apply_results"].first_more_key
@@ -94,7 +96,7 @@ def _result_args(results: list[RolloutResult], successes: list[int], versions: l
         rows.append([r.rollout_id, idx, ok, r.completion_tokens, version, _result_blob(r, version)])
     if unknown:
         raise UnknownRollouts(unknown)
-    return json.dumps(rows, ensure_ascii=False), list(group_index)
+    return orjson.dumps(rows), list(group_index)
 
 
 def _result_blob(r: RolloutResult, version: int) -> str:
@@ -182,7 +184,7 @@ class Store(RunControl, StoreReads):
         where SARA would abandon them, so the run measures what abandoning loses.
         """
         specs = [rf.group_spec(gid, pid, plan, commit) for gid, pid, plan in groups]
-        args = dict(now=now, flow_target=flow_target, specs=json.dumps(specs), skipped=skipped,
+        args = dict(now=now, flow_target=flow_target, specs=orjson.dumps(specs), skipped=skipped,
                     audit_fraction=repr(float(audit_fraction)), seed=seed)
         return int(await self._script("open_groups", args, more_keys=[
             self.keys.group(gid) for gid, _, _ in groups]))
@@ -269,7 +271,8 @@ class Store(RunControl, StoreReads):
                  half_life=repr(half_life) if math.isfinite(half_life) else 0,
                  count=len(results), report_ttl_s=report_ttl_s if report_id else 0,
                  holder_only=int(holder_only), results=results_json),
-            dict(report=self.keys.report(worker_id, report_id or "")),
+            # without a report id the script never touches KEYS[16]: any key of the run will do
+            dict(report=self.keys.report(worker_id, report_id) if report_id else self.keys.stats),
             more_keys=[self.keys.group(g) for g in groups])
         if text(out[0]) == Reply.UNKNOWN:
             raise UnknownRollouts([text(x) for x in out[1]])

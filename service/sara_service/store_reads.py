@@ -51,10 +51,12 @@ def _renamed(fields: dict[str, str]) -> dict[str, str]:
 
 
 class StoreReads:
-    """Mixed into Store: needs `redis` and `keys`."""
+    """Mixed into Store: needs `redis`, `keys` and Store's `_script` (a read that runs as one
+    script)."""
 
     redis: Any
     keys: Any
+    _script: Any
 
     @unavailable_on_redis_error
     async def get_prompt(self, pid: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -169,11 +171,10 @@ class StoreReads:
                                  ) -> list[tuple[str, list[Any]]]:
         """(prompt id, results in slot order) per group: only what a batch carries. `decode`
         turns a stored result's JSON into what the caller wants (default: a dict)."""
-        fields = [rf.GroupField.prompt_id, *(rf.GroupField.result(i) for i in range(k))]
-        pipe = self.redis.pipeline(transaction=False)
-        for gid in group_ids:
-            pipe.hmget(self.keys.group(gid), fields)
-        rows = await pipe.execute()
+        if not group_ids:
+            return []
+        rows = await self._script("group_results", dict(k=k),
+                                  more_keys=[self.keys.group(gid) for gid in group_ids])
         return [(text(row[0] or b""), [decode(r) for r in row[1:] if r is not None])
                 for row in rows]
 
