@@ -11,7 +11,6 @@ unreachable surfaces as `StoreUnavailable`.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from .allocation import GroupPlan
 from .errors import Conflict, NotFound, UnknownRollouts
 from .keys import Keys, rollout_id, split_rollout_id
 from .redis_format import SCRIPTS, GroupField, Reply
-from .store_codec import decode_prompt, stored_int, text
+from .store_codec import shared_prompt, stored_int, text
 from .store_errors import unavailable_on_redis_error
 from .store_reads import StoreReads
 from .store_runctl import RunControl
@@ -40,10 +39,6 @@ def script_source(name: str) -> str:
     return (lua / "_prelude.lua").read_text() + (lua / f"{name}.lua").read_text()
 
 
-# A prompt is leased once per rollout of its group: decoding (and checking its meta) once per
-# stored content, not per rollout, was most of a lease's CPU. Keyed by the stored bytes, so
-# new content is a new entry; callers only read the dict.
-_leased_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
 
 
 @dataclass
@@ -221,7 +216,7 @@ class Store(RunControl, StoreReads):
         for i in range(0, len(flat), 3):
             rid, pid = text(flat[i]), text(flat[i + 1])
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
-            rollouts.append(LeasedRollout(rid, group_id, pid, _leased_prompt(flat[i + 2])))
+            rollouts.append(LeasedRollout(rid, group_id, pid, shared_prompt(flat[i + 2])))
         policy = PolicyInfo(version=stored_int(version), checkpoint=text(checkpoint) or None)
         return LeaseGrant(rollouts, rf.split_ids(text(cancel)), policy, int(room) == 1)
 

@@ -7,6 +7,7 @@ answer instead of a 500 on every later call.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -44,6 +45,17 @@ def decode_prompt(raw: Any) -> dict[str, Any]:
         content["meta"] = {"sara_note": f"meta dropped: it {problem}; register the prompt "
                                         "again under a new id"}
     return content
+
+
+# A prompt is read once per rollout of its group when leased, and again when its group is
+# delivered: decoding (and checking its meta) once per stored content, not per read, was most of
+# a lease's CPU. Keyed by the stored bytes, so new content is a new entry.
+_shared_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
+
+
+def shared_prompt(raw: bytes) -> dict[str, Any]:
+    """`decode_prompt`, cached: the dict is shared between callers, who must only read it."""
+    return _shared_prompt(raw)
 
 
 def decode_result(raw: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from sara_client.models import PolicyInfo
 
 from . import redis_format as rf
 from .errors import NotFound
-from .store_codec import decode_prompt, decode_result, stored_int, text
+from .store_codec import decode_prompt, decode_result, shared_prompt, stored_int, text
 from .store_errors import unavailable_on_redis_error
 
 RECENT_BATCHES_SHOWN = 20
@@ -113,7 +113,7 @@ class StoreReads:
         if any(r is None for r in raw):  # a deleted prompt's groups in flight still deliver
             retired = await self.redis.hmget(self.keys.prompts_retired, pids)
             raw = [r if r is not None else old for r, old in zip(raw, retired)]
-        return [decode_prompt(r) if r else None for r in raw]
+        return [shared_prompt(r) if r else None for r in raw]  # callers only read them
 
     # --- counters ------------------------------------------------------------------------------
 
