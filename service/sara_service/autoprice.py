@@ -30,6 +30,7 @@ from typing import Any
 
 from .allocation import GroupPlan, decay_posterior, plan_group
 from .autotau import PoolModel, fit_pool, fixed_point_rho
+from .redis_format import PosteriorField
 from .settings import Settings
 from .store import Store
 
@@ -113,8 +114,10 @@ class AutoPricer:
         s = self.settings
         out = []
         for post in posteriors:
-            a, b = decay_posterior(post["a"], post["b"], s.prior_alpha, s.prior_beta,
-                                   s.posterior_decay, max(0, version - int(post.get("v", version))))
+            f = PosteriorField
+            a, b = decay_posterior(post[f.alpha], post[f.beta], s.prior_alpha, s.prior_beta,
+                                   s.posterior_decay,
+                                   max(0, version - int(post.get(f.version, version))))
             out.append((a - s.prior_alpha, b - s.prior_beta))
         return out
 

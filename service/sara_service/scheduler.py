@@ -18,7 +18,8 @@ from typing import Callable
 from pydantic import ValidationError
 
 from sara_client.models import (
-    AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchGroup, BatchRollout, BatchStats, GroupDecision,
+    AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchGroup, BatchRollout, BatchStats,
+    GroupDecision,
     HeartbeatResponse, LeaseRequest, LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
     ResultsResponse, Rollout, SamplingParams, prompt_json,
 )
@@ -26,6 +27,7 @@ from sara_client.models import (
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
 from .autoprice import AutoPricer
 from .observability import ds_estimate, read_counters
+from .redis_format import PosteriorField, split_ids
 from .selection import (
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
@@ -137,9 +139,11 @@ class Scheduler:
         s = self.settings
         if not post:
             return s.prior_alpha, s.prior_beta
-        return decay_posterior(post["a"], post["b"], s.prior_alpha, s.prior_beta,
-                               s.posterior_decay, max(0, version - int(post.get("v", version))),
-                               s.posterior_half_life, max(0.0, clock - post.get("t", clock)))
+        f = PosteriorField
+        versions = max(0, version - int(post.get(f.version, version)))
+        return decay_posterior(post[f.alpha], post[f.beta], s.prior_alpha, s.prior_beta,
+                               s.posterior_decay, versions, s.posterior_half_life,
+                               max(0.0, clock - post.get(f.clock, clock)))
 
     async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
         """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
@@ -186,8 +190,9 @@ class Scheduler:
         posts = [p or {} for p in await self.store.posteriors(pool)]
         if s.selection == "dps":
             params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
-            scores = [dps_mixed_probability(dps_observations(p.get("obs") or [], s.dps_censored),
-                                            version, params) for p in posts]
+            history = [p.get(PosteriorField.observations) or [] for p in posts]
+            scores = [dps_mixed_probability(dps_observations(obs, s.dps_censored), version, params)
+                      for obs in history]
         else:
             clock = await self.store.pool_clock()
             scores = [mopps_score(*self._posterior_now(p, version, clock), self._rng,
@@ -318,7 +323,7 @@ class Scheduler:
 
     async def _load_batch(self, batch_id: str, redelivered: bool) -> Batch:
         meta = await self.store.read_batch(batch_id)
-        gids = meta["groups"].split(",")
+        gids = split_ids(meta["groups"], ",")
         rows = await self.store.read_group_results(gids, self.settings.group_size,
                                                    decode=_batch_rollout)
         prompts = await self.store.read_prompts([pid for pid, _ in rows])

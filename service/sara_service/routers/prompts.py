@@ -6,6 +6,7 @@ from sara_client.models import (AddPromptsRequest, AddPromptsResponse, Identifie
                                 PromptHistory, PromptOut)
 
 from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, ReaderRole, SchedulerDep
+from ..redis_format import PosteriorField
 from ..settings import Settings
 
 router = APIRouter(prefix="/prompts", tags=["prompts"],
@@ -33,8 +34,10 @@ async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOu
 
 def posterior_of(post: dict, s: Settings) -> tuple[Posterior, PromptHistory]:
     """A stored posterior JSON as the answer's posterior and history (the prior where unset)."""
-    return (Posterior(alpha=post.get("a", s.prior_alpha), beta=post.get("b", s.prior_beta),
-                      version=int(post.get("v", 0)), epoch=post.get("t")),
-            PromptHistory(groups=post.get("groups", 0), committed=post.get("committed", 0),
-                          abandoned=post.get("abandoned", 0), rollouts=post.get("rollouts", 0),
-                          successes=post.get("successes", 0), last_group_id=post.get("last")))
+    f = PosteriorField
+    return (Posterior(alpha=post.get(f.alpha, s.prior_alpha), beta=post.get(f.beta, s.prior_beta),
+                      version=int(post.get(f.version, 0)), epoch=post.get(f.clock)),
+            PromptHistory(groups=post.get(f.groups, 0), committed=post.get(f.committed, 0),
+                          abandoned=post.get(f.abandoned, 0), rollouts=post.get(f.rollouts, 0),
+                          successes=post.get(f.successes, 0),
+                          last_group_id=post.get(f.last_group)))
