@@ -38,9 +38,7 @@ from .models import (
     BatchGroup,
     BatchRollout,
     BatchStats,
-    Counters,
     Decision,
-    Derived,
     ErrorBody,
     ErrorEnvelope,
     GroupDecision,
@@ -60,12 +58,16 @@ from .models import (
     PromptIn,
     PromptOut,
     PublishPolicyRequest,
-    Queues,
     ResultsRequest,
     ResultsResponse,
     Rollout,
     RolloutResult,
     SamplingParams,
+)
+from .models_stats import (
+    Counters,
+    Derived,
+    Queues,
     StatsResponse,
     WorkerStats,
 )

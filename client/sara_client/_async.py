@@ -36,6 +36,8 @@ from .models import (
     PromptIn,
     PromptOut,
     RolloutResult,
+)
+from .models_stats import (
     StatsResponse,
 )
 

@@ -27,11 +27,12 @@ from .errors import (
     UnexpectedResponseError, error_class_for_status,
 )
 from .models import (
-    MAX_WAIT_S, AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, ErrorEnvelope, GroupOut,
-    HealthResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest, LeaseResponse,
+    MAX_WAIT_S, AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, ErrorEnvelope,
+    GroupOut, HealthResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest, LeaseResponse,
     NextBatchRequest, PolicyInfo, PromptIn, PromptOut, PublishPolicyRequest, ResultsRequest,
-    ResultsResponse, RolloutResult, StatsResponse,
+    ResultsResponse, RolloutResult,
 )
+from .models_stats import StatsResponse
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sara_client.models import (
-    Counters, Derived, GroupOut, GroupSlot, PolicyInfo, Queues, StatsResponse, WorkerStats,
-)
+from sara_client.models import GroupOut, GroupSlot, PolicyInfo
+from sara_client.models_stats import Counters, Derived, Queues, StatsResponse, WorkerStats
 
 from . import ds_estimate as ds
 from .errors import NotFound

@@ -3,7 +3,8 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from sara_client.models import GroupOut, HealthResponse, Identifier, StatsResponse
+from sara_client.models import GroupOut, HealthResponse, Identifier
+from sara_client.models_stats import StatsResponse
 
 from ..deps import AUTH_RESPONSES, NON_JSON_AUTH_RESPONSES, NOT_FOUND, ReaderRole, SchedulerDep
 from ..errors import StoreUnavailable
