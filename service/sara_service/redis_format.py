@@ -113,7 +113,6 @@ class GroupField:
         return f"r:{slot}"
 
 
-
 class PosteriorField:
     """Field names of a posterior JSON (see the module docstring)."""
 
@@ -249,7 +248,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "now flow_target specs skipped audit_fraction seed", more_keys="group"),
     _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
           "group_prompt prompts worker_info policy run_state prompts_retired wake ready "
-          "open_yield",
+          "open_yield open_groups",
           "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit "
           "flow_target"),
     _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",

@@ -39,8 +39,6 @@ def script_source(name: str) -> str:
     return (lua / "_prelude.lua").read_text() + (lua / f"{name}.lua").read_text()
 
 
-
-
 @dataclass
 class LeasedRollout:
     rollout_id: str

@@ -303,7 +303,7 @@ end
 local function p_eff_at(g, failing, n)
   local side = failing and 'pf' or 'ps'
   local tab = g.ptab[side]
-  if tab == nil or tab == false then
+  if not tab then
     return tonumber(redis.call('HGET', g.key, side .. ':' .. n))
   end
   if type(tab) == 'string' then
@@ -483,15 +483,15 @@ hset_map(POST, post_out)
 -- the open-groups zset, and the running total of its scores that open_groups.lua reads
 local room_freed = false
 if #open_order > 0 then
-  local total = redis.call('GET', YIELD)
+  open_yield(OPEN, YIELD)  -- the total before this call's changes (summed once if missing)
   local old = redis.call('ZMSCORE', OPEN, unpack(open_order))
   local delta, adds, rems = 0, {}, {}
   for i, gid in ipairs(open_order) do
-    if old[i] then delta = delta - math.floor(tonumber(old[i]) * 1e9 + 0.5) end
+    if old[i] then delta = delta - yield_units(old[i]) end
     local score = open_final[gid]
     if score then
       adds[#adds + 1] = score; adds[#adds + 1] = gid
-      delta = delta + math.floor(score * 1e9 + 0.5)
+      delta = delta + yield_units(score)
     else
       rems[#rems + 1] = gid
     end
@@ -502,15 +502,7 @@ if #open_order > 0 then
     -- no group left open: a draining run delivers what is ready, however few (-1: any size)
     if redis.call('ZCARD', OPEN) == 0 then ready_len = -1 end
   end
-  -- a run started before the total existed: sum the zset once, after this call's changes
-  if not total then
-    local sum = 0
-    local scores = redis.call('ZRANGE', OPEN, 0, -1, 'WITHSCORES')
-    for j = 2, #scores, 2 do sum = sum + math.floor(tonumber(scores[j]) * 1e9 + 0.5) end
-    redis.call('SET', YIELD, sum)
-  elseif delta ~= 0 then
-    redis.call('INCRBY', YIELD, delta)
-  end
+  if delta ~= 0 then redis.call('INCRBY', YIELD, delta) end
   room_freed = delta < 0
 end
 

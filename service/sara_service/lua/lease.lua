@@ -5,7 +5,8 @@
 -- KEYS[10] = prompts hash       KEYS[11] = worker_info hash   KEYS[12] = policy hash
 -- KEYS[13] = run_state string  KEYS[14] = prompts_retired hash (content of deleted prompts)
 -- KEYS[15] = wake stream (long polls of every replica wait on it)
--- KEYS[16] = ready list         KEYS[17] = open_yield string (as open_groups.lua reads them)
+-- KEYS[16] = ready list         KEYS[17] = open_yield string   KEYS[18] = open_groups zset
+--             (flow control's measure, read as open_groups.lua reads it)
 -- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = lease_id   ARGV[4] = max_rollouts
 -- ARGV[5] = expires_at (of the lease)   ARGV[6] = key_ttl_s   ARGV[7] = backend ('' = unknown)
 -- ARGV[8] = requeue_limit (most expired leases to put back first, as expire_leases.lua does;
@@ -102,11 +103,8 @@ if cancel ~= '' then redis.call('HDEL', KEYS[5], wid) end
 local policy = redis.call('HMGET', KEYS[12], 'version', 'checkpoint')
 local room = 0
 local target = tonumber(ARGV[9])
-if target > 0 and redis.call('EXISTS', KEYS[13]) == 0 then
-  -- a run started before the running total existed: open_groups.lua sums it on its next call
-  local open_total = redis.call('GET', KEYS[17])
-  if not open_total or redis.call('LLEN', KEYS[16]) * 1e9 + tonumber(open_total) < target * 1e9 then
-    room = 1
-  end
+if target > 0 and redis.call('EXISTS', KEYS[13]) == 0
+    and flow_expected(KEYS[16], KEYS[18], KEYS[17]) < target * YIELD_UNIT then
+  room = 1
 end
 return {out, cancel, policy[1] or '0', policy[2] or '', room}

@@ -18,24 +18,11 @@
 -- returns the number of specs consumed (a prefix of the list: the rest did not fit): opened, or
 --         passed over because their prompt is disabled or deleted. 0 while the run is paused or
 --         draining: the check lives here so no replica can open a group after a pause is set.
--- Expected yield is counted in units of 1e-9 groups, each score rounded alone, so the running
--- total that apply_results.lua keeps is exact whatever the order of its updates.
 if redis.call('EXISTS', KEYS[9]) == 1 then return 0 end
 local now = ARGV[1]
-local UNIT = 1e9
-local target = tonumber(ARGV[2]) * UNIT
+local target = tonumber(ARGV[2]) * YIELD_UNIT
 local specs = cjson.decode(ARGV[3])
-
-local function units(p) return math.floor(tonumber(p) * UNIT + 0.5) end
-local open_total = redis.call('GET', KEYS[11])
-if not open_total then  -- a run started before the total existed: sum the zset once
-  local scores = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  open_total = 0
-  for i = 2, #scores, 2 do open_total = open_total + units(scores[i]) end
-  redis.call('SET', KEYS[11], open_total)
-end
-open_total = tonumber(open_total)
-local expected = redis.call('LLEN', KEYS[3]) * UNIT + open_total
+local expected = flow_expected(KEYS[3], KEYS[2], KEYS[11])
 
 if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[1], 'groups_skipped', ARGV[4]) end
 if #specs == 0 then return 0 end
@@ -91,7 +78,7 @@ local function open_one(gkey, g)
   end
   issued = issued + g.issue
   opened_groups = opened_groups + 1
-  return units(p0)
+  return yield_units(p0)
 end
 
 local consumed, added = 0, 0
