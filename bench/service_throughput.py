@@ -213,37 +213,44 @@ class SdkDriver:
 
 class RawDriver(SdkDriver):
     """The same calls over bare httpx and the json module: a cheaper load generator, so more of
-    the shared CPU goes to the service."""
+    the shared CPU goes to the service. It checks status codes and reads only the fields it
+    needs; subclasses change the transport (`_call`) and the JSON codec."""
+
+    dumps, loads = staticmethod(json.dumps), staticmethod(json.loads)
 
     def __init__(self, url: str) -> None:
         self.http = httpx.AsyncClient(base_url=url, timeout=30.0,
                                       headers={"content-type": "application/json"})
 
-    async def _post(self, path: str, body: dict) -> httpx.Response:
-        response = await self.http.post(path, content=json.dumps(body))
-        if response.status_code >= 400:
-            raise RuntimeError(f"{path}: HTTP {response.status_code} {response.text[:200]}")
-        return response
+    async def _transport(self, path: str, body: bytes | str) -> tuple[int, bytes]:
+        response = await self.http.post(path, content=body)
+        return response.status_code, response.content
+
+    async def _call(self, path: str, body: dict) -> tuple[int, bytes]:
+        status, data = await self._transport(path, self.dumps(body))
+        if status >= 400:
+            raise RuntimeError(f"{path}: HTTP {status} {data[:200]!r}")
+        return status, data
 
     async def lease(self, wid: str, n: int, wait_s: float = 0.0) -> list[tuple[str, float]]:
-        answer = (await self._post("/leases", {"worker_id": wid, "max_rollouts": n,
-                                               "wait_s": wait_s})).json()
+        _, data = await self._call("/leases", {"worker_id": wid, "max_rollouts": n,
+                                               "wait_s": wait_s})
         return [(r["rollout_id"], float(r["meta"].get("p_success", 0.5)))
-                for r in answer["rollouts"]]
+                for r in self.loads(data)["rollouts"]]
 
     async def report(self, wid: str, results: list[dict]) -> int:
-        answer = await self._post("/results", {"worker_id": wid, "results": results})
-        return answer.json()["accepted"]
+        _, data = await self._call("/results", {"worker_id": wid, "results": results})
+        return self.loads(data)["accepted"]
 
     async def next_batch(self, size: int) -> tuple[str, int] | None:
-        response = await self._post("/batches/next", {"size": size, "wait_s": 0.5})
-        if response.status_code == 204:
+        status, data = await self._call("/batches/next", {"size": size, "wait_s": 0.5})
+        if status == 204:
             return None
-        batch = response.json()
+        batch = self.loads(data)
         return batch["batch_id"], len(batch["groups"])
 
     async def ack(self, batch_id: str) -> None:
-        await self._post(f"/batches/{batch_id}/ack", {})
+        await self._call(f"/batches/{batch_id}/ack", {})
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -252,7 +259,9 @@ class RawDriver(SdkDriver):
 class LeanDriver(RawDriver):
     """The same calls over aiohttp and orjson: the cheapest well-kept client here, so that on a
     small box the load generator takes as little as possible of the CPU the service is measured
-    on. Like `raw`, it checks status codes and reads only the fields it needs."""
+    on."""
+
+    dumps, loads = staticmethod(orjson.dumps), staticmethod(orjson.loads)
 
     def __init__(self, url: str) -> None:
         import aiohttp  # the bench extra; only this driver needs it
@@ -261,32 +270,9 @@ class LeanDriver(RawDriver):
             headers={"content-type": "application/json"},
             connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=30.0))
 
-    async def _call(self, path: str, body: dict) -> tuple[int, bytes]:
-        async with self.session.post(self.url + path, data=orjson.dumps(body)) as response:
-            data = await response.read()
-        if response.status >= 400:
-            raise RuntimeError(f"{path}: HTTP {response.status} {data[:200]!r}")
-        return response.status, data
-
-    async def lease(self, wid: str, n: int, wait_s: float = 0.0) -> list[tuple[str, float]]:
-        answer = orjson.loads((await self._call("/leases", {"worker_id": wid, "max_rollouts": n,
-                                                             "wait_s": wait_s}))[1])
-        return [(r["rollout_id"], float(r["meta"].get("p_success", 0.5)))
-                for r in answer["rollouts"]]
-
-    async def report(self, wid: str, results: list[dict]) -> int:
-        _, data = await self._call("/results", {"worker_id": wid, "results": results})
-        return orjson.loads(data)["accepted"]
-
-    async def next_batch(self, size: int) -> tuple[str, int] | None:
-        status, data = await self._call("/batches/next", {"size": size, "wait_s": 0.5})
-        if status == 204:
-            return None
-        batch = orjson.loads(data)
-        return batch["batch_id"], len(batch["groups"])
-
-    async def ack(self, batch_id: str) -> None:
-        await self._call(f"/batches/{batch_id}/ack", {})
+    async def _transport(self, path: str, body: bytes | str) -> tuple[int, bytes]:
+        async with self.session.post(self.url + path, data=body) as response:
+            return response.status, await response.read()
 
     async def aclose(self) -> None:
         await self.session.close()

@@ -47,15 +47,11 @@ def decode_prompt(raw: Any) -> dict[str, Any]:
     return content
 
 
-# A prompt is read once per rollout of its group when leased, and again when its group is
-# delivered: decoding (and checking its meta) once per stored content, not per read, was most of
-# a lease's CPU. Keyed by the stored bytes, so new content is a new entry.
-_shared_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
-
-
-def shared_prompt(raw: bytes) -> dict[str, Any]:
-    """`decode_prompt`, cached: the dict is shared between callers, who must only read it."""
-    return _shared_prompt(raw)
+# `decode_prompt`, cached. A prompt is read once per rollout of its group when leased, and again
+# when its group is delivered: decoding (and checking its meta) once per stored content, not per
+# read, was most of a lease's CPU. Keyed by the stored bytes, so new content is a new entry; the
+# dict is shared between callers, who must only read it.
+shared_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
 
 
 def decode_result(raw: Any) -> dict[str, Any]:

@@ -33,8 +33,8 @@ async def test_groups_stop_opening_at_the_target_and_resume_after_a_batch(make_a
     for _ in range(2):  # target met: nothing more to lease, nothing more opened
         empty = await api.lease("w2", 8)
         assert empty["rollouts"] == [] and empty["lease_id"] is None
-    # the lease script says there is no room: no prompts are taken from the epoch, no
-    # open_groups call is made to be refused (what a worker held back costs, per call)
+    # the lease script says there is no room: no open_groups call is made only to be refused
+    # (a worker held back costs one script call)
     assert scripts == {"lease": 2}
     q, c = await queues(api)
     assert c["groups_opened"] == 3 and q["pending"] == 0 and q["leased"] == 12
