@@ -15,16 +15,14 @@ import time
 import uuid
 from typing import Callable
 
-from pydantic import ValidationError
-
 from sara_client.models import (
-    AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchGroup, BatchRollout, BatchStats,
-    GroupDecision,
+    AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchStats, GroupDecision,
     HeartbeatResponse, LeaseRequest, LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
-    ResultsResponse, Rollout, SamplingParams, prompt_json,
+    ResultsResponse, SamplingParams, prompt_json,
 )
 
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
 from .observability import ds_estimate, read_counters
 from .redis_format import PosteriorField, split_ids
@@ -33,7 +31,6 @@ from .selection import (
 )
 from .settings import Settings
 from .store import Store, stored_int
-from .store_codec import decode_result
 from .wake import Ticket, Wakeups
 
 Clock = Callable[[], float]
@@ -41,16 +38,6 @@ Clock = Callable[[], float]
 # worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
 _NO_OUTCOME = {"abort": -1, "error": -2}
 EXPIRE_BATCH = 1000  # expired leases a lease call re-queues first (upkeep takes the rest)
-
-
-def _batch_rollout(raw: bytes) -> BatchRollout:
-    """A stored result as a batch carries it, validated straight from its JSON (a third of the
-    cost of decoding to a dict first); an older release's stored result that this rejects (a
-    null logprob) goes through decode_result's repairs."""
-    try:
-        return BatchRollout.model_validate_json(raw)
-    except ValidationError:
-        return BatchRollout.model_validate(decode_result(raw))
 
 
 def _new_id(prefix: str) -> str:
@@ -218,6 +205,10 @@ class Scheduler:
 
     async def lease(self, req: LeaseRequest) -> LeaseResponse:
         """Lease rollouts to a worker, opening groups on demand; long-polls up to wait_s."""
+        return LeaseResponse.model_validate_json(await self.lease_json(req))
+
+    async def lease_json(self, req: LeaseRequest) -> bytes:
+        """`lease`, answered as the LeaseResponse JSON the route sends (see `answers`)."""
         s = self.settings
         lease_id = _new_id("l")
         deadline = self.clock() + req.wait_s
@@ -245,13 +236,8 @@ class Scheduler:
                 break
             if not await self._wait_for_wake(ticket, "lease", deadline):
                 break
-        rollouts = [Rollout(rollout_id=r.rollout_id, group_id=r.group_id, prompt_id=r.prompt_id,
-                            prompt=r.prompt["prompt"], task=r.prompt.get("task", "exact"),
-                            answer=r.prompt.get("answer"), meta=r.prompt.get("meta") or {},
-                            sampling=self._sampling) for r in leased]
-        return LeaseResponse(lease_id=lease_id if rollouts else None,
-                             expires_at=expires_at if rollouts else None,
-                             policy=policy, rollouts=rollouts, cancel=cancel)
+        return lease_answer(lease_id if leased else None, expires_at if leased else None,
+                            policy, leased, cancel, self._sampling)
 
     def _lease_key_ttl(self) -> int:
         """Seconds a lease's keys live past their last lease or heartbeat."""
@@ -294,6 +280,11 @@ class Scheduler:
 
     async def next_batch(self, req: NextBatchRequest) -> Batch | None:
         """A batch of ready groups (or an expired unacked one), or None after wait_s."""
+        answer = await self.next_batch_json(req)
+        return None if answer is None else Batch.model_validate_json(answer)
+
+    async def next_batch_json(self, req: NextBatchRequest) -> bytes | None:
+        """`next_batch`, answered as the Batch JSON the route sends (see `answers`)."""
         s = self.settings
         size = req.size or s.batch_size
         deadline = self.clock() + req.wait_s
@@ -321,24 +312,19 @@ class Scheduler:
             "ds_rollouts_per_effective_group_low": estimate.low,
             "ds_rollouts_per_effective_group_high": estimate.high})
 
-    async def _load_batch(self, batch_id: str, redelivered: bool) -> Batch:
+    async def _load_batch(self, batch_id: str, redelivered: bool) -> bytes:
         meta = await self.store.read_batch(batch_id)
         gids = split_ids(meta["groups"], ",")
+        # stored results stay JSON bytes: the answer splices them in (answers.stored_result)
         rows = await self.store.read_group_results(gids, self.settings.group_size,
-                                                   decode=_batch_rollout)
+                                                   decode=bytes)
         prompts = await self.store.read_prompts([pid for pid, _ in rows])
-        groups = []
-        for gid, (pid, results), prompt in zip(gids, rows, prompts):
-            prompt = prompt or {}
-            groups.append(BatchGroup(
-                group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
-                answer=prompt.get("answer"), task=prompt.get("task", "exact"),
-                rollouts=results))
+        groups = [(gid, pid, prompt or {}, results)
+                  for gid, (pid, results), prompt in zip(gids, rows, prompts)]
         stats = BatchStats.model_validate_json(meta["stats"])
         stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
-        return Batch(batch_id=batch_id, policy_version=stored_int(meta["policy_version"]),
-                     created_at=float(meta["created_at"]), redelivered=redelivered,
-                     groups=groups, stats=stats)
+        return batch_answer(batch_id, stored_int(meta["policy_version"]),
+                            float(meta["created_at"]), redelivered, groups, stats)
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""

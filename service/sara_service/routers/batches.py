@@ -15,7 +15,7 @@ router = APIRouter(prefix="/batches", tags=["trainer"], dependencies=[TrainerRol
              responses={204: {"description": "No batch ready within wait_s"}})
 async def next_batch(scheduler: SchedulerDep, body: NextBatchRequest | None = None):
     """The next batch of effective groups; long-polls up to wait_s, then 204."""
-    batch = await scheduler.next_batch(body or NextBatchRequest())
+    batch = await scheduler.next_batch_json(body or NextBatchRequest())
     if batch is None:
         return Response(status_code=204)
     return json_response(batch)

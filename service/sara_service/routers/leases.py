@@ -16,7 +16,7 @@ router = APIRouter(prefix="/leases", tags=["workers"], dependencies=[WorkerRole]
 async def lease(body: LeaseRequest, scheduler: SchedulerDep, request: Request):
     """Lease rollouts to generate; long-polls up to wait_s when there is nothing to do."""
     check_worker(request, body.worker_id)
-    return json_response(await scheduler.lease(body))
+    return json_response(await scheduler.lease_json(body))
 
 
 @router.post("/{lease_id}/heartbeat", response_model=HeartbeatResponse,
