@@ -36,11 +36,11 @@ def test_decode_prompt_keeps_good_meta_and_replaces_bad():
 
 
 def test_batch_rollouts_read_straight_from_json_and_older_nulls_still_floor():
-    from sara_service.scheduler import _batch_rollout
+    import orjson
+    from sara_service.answers import stored_result
 
     stored = {"rollout_id": "g:0", "completion": "é", "reward": 1.0, "completion_tokens": 3,
               "policy_version": 2, "logprobs": [-0.5, -1.0]}
-    assert _batch_rollout(json.dumps(stored).encode()).model_dump() == {
-        **stored, "finish_reason": "stop", "token_ids": None}
+    assert json.loads(orjson.dumps(stored_result(json.dumps(stored).encode()))) == stored
     older = json.dumps({**stored, "logprobs": [-0.5, None]}).encode()
-    assert _batch_rollout(older).logprobs == [-0.5, FLOOR_LOGPROB]
+    assert json.loads(orjson.dumps(stored_result(older)))["logprobs"] == [-0.5, FLOOR_LOGPROB]
