@@ -57,6 +57,7 @@ w ('lease' or 'batch') and, for a batch, n (groups ready then; -1: any size may 
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -134,6 +135,15 @@ def group_spec(group_id: str, prompt_id: str, plan: GroupPlan, commit: str) -> d
             "commit": commit}
 
 
+@functools.lru_cache(maxsize=64)
+def plan_spec_json(plan: GroupPlan, commit: str) -> bytes:
+    """lease.lua's `plan`: a group spec without its group and prompt (JSON), for a lease that
+    opens groups itself; one plan serves every group of a uniform-prior run."""
+    spec = group_spec("", "", plan, commit)
+    del spec["gid"], spec["pid"]
+    return json.dumps(spec, separators=(",", ":")).encode()
+
+
 @functools.lru_cache(maxsize=1024)
 def _p_eff_tables(plan: GroupPlan) -> tuple[str, str]:
     """A plan's p_eff tables as JSON lists of reprs: many groups share one plan, and formatting
@@ -199,6 +209,8 @@ class ScriptSpec:
     report, batch) a per-id key the caller passes by that name. `more_keys` names what KEYS[n+1..]
     hold, one per item; `args` are ARGV[1..m] and `more_args` the ARGV repeated per item after
     them. `replies` are the words the script may answer (statuses; decisions, for apply_results).
+    `library` names the shared Lua files (lua/_<name>.lua) put in front of the script, after the
+    prelude that every script gets.
     """
 
     name: str
@@ -207,6 +219,7 @@ class ScriptSpec:
     more_keys: str | None = None
     more_args: tuple[str, ...] = ()
     replies: tuple[str, ...] = ()
+    library: tuple[str, ...] = ()
 
     @property
     def first_more_key(self) -> int:
@@ -245,12 +258,14 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("refill_epoch", "epoch_queue epoch", "seen_epoch prompt_ids"),
     _spec("open_groups", "stats open_groups ready pending slots group_states group_prompt "
           "posteriors run_state prompts_off open_yield wake",
-          "now flow_target specs skipped audit_fraction seed", more_keys="group"),
+          "now flow_target specs skipped audit_fraction seed", more_keys="group",
+          library=("open",)),
     _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
           "group_prompt prompts worker_info policy run_state prompts_retired wake ready "
-          "open_yield open_groups",
+          "open_yield open_groups group_states posteriors prompts_off epoch_queue",
           "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit "
-          "flow_target"),
+          "flow_target plan audit_fraction seed group_ids", more_keys="group",
+          library=("open",)),
     _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",
           "now worker_id lease_id expires_at key_ttl_s", replies=("unknown", "not_yours", "ok")),
     _spec("expire_leases", "inflight slots pending stats wake", "now limit"),

@@ -30,7 +30,7 @@ from .selection import (
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
 from .settings import Settings
-from .store import Store, stored_int
+from .store import Opening, Store, stored_int
 from .wake import Ticket, Wakeups
 
 Clock = Callable[[], float]
@@ -186,6 +186,16 @@ class Scheduler:
                                   s.mopps_target) for p in posts]
         return top_by_score(pool, scores, count, self._rng)
 
+    def _opening(self, max_rollouts: int) -> Opening | None:
+        """What a lease needs to open groups itself; None unless every group gets the run's one
+        plan in epoch order (a uniform prior, epoch selection, a fixed tau_low)."""
+        s, plan = self.settings, self._prior_plan
+        if s.prior != "uniform" or s.selection != "epoch" or self.auto is not None or plan.skip:
+            return None
+        count = min(self.flow_target, math.ceil(max_rollouts / max(1, plan.initial_issue)))
+        return Opening(plan, s.commit, s.audit_fraction, s.seed,
+                       [_new_id("g") for _ in range(count)])
+
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
         """Open enough new groups to supply about `rollouts_wanted` rollouts, flow permitting."""
         per_group = max(1, self._prior_plan.initial_issue)
@@ -219,11 +229,14 @@ class Scheduler:
             expires_at = now + s.lease_ttl_s
             # expired leases go back to the queue in the same script (EXPIRE_BATCH at a time);
             # groups open only when the script saw room for them
+            # under one plan for every group, the script opens groups for what the queue lacks;
+            # else (or when the epoch ran out) they are opened here, and leased by a second call
+            opening = self._opening(req.max_rollouts)
             grant = await self.store.lease_with_policy(
                 now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
-                expire_limit=EXPIRE_BATCH, flow_target=self.flow_target)
+                expire_limit=EXPIRE_BATCH, flow_target=self.flow_target, opening=opening)
             leased, cancel, policy = grant.rollouts, grant.cancel, grant.policy
-            if len(leased) < req.max_rollouts and grant.room:
+            if len(leased) < req.max_rollouts and grant.room and (opening is None or grant.dry):
                 if await self.open_groups_for(now, req.max_rollouts - len(leased)):
                     more = await self.store.lease_with_policy(
                         now, req.worker_id, lease_id, req.max_rollouts - len(leased), expires_at,

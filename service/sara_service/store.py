@@ -34,9 +34,11 @@ from .store_runctl import RunControl
 
 
 def script_source(name: str) -> str:
-    """A script's text as Redis runs it: the shared prelude (lua/_prelude.lua), then the script."""
+    """A script's text as Redis runs it: the shared prelude (lua/_prelude.lua), the shared files
+    its spec names (`ScriptSpec.library`), then the script."""
     lua = resources.files("sara_service") / "lua"
-    return (lua / "_prelude.lua").read_text() + (lua / f"{name}.lua").read_text()
+    parts = ["_prelude", *(f"_{lib}" for lib in SCRIPTS[name].library), name]
+    return "".join((lua / f"{part}.lua").read_text() for part in parts)
 
 
 @dataclass
@@ -50,12 +52,27 @@ class LeasedRollout:
 @dataclass
 class LeaseGrant:
     """What one lease.lua call gave: the rollouts, the worker's cancel list, the policy in
-    force, and whether flow control has room to open groups now (False when not asked)."""
+    force, whether flow control has room to open groups now (False when not asked), and whether
+    groups opened by the lease found the epoch queue short (`dry`: start the next epoch)."""
 
     rollouts: list[LeasedRollout]
     cancel: list[str]
     policy: PolicyInfo
     room: bool
+    dry: bool = False
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What a lease needs to open groups itself when the queue cannot fill it: the one plan of
+    a uniform-prior run, the commit mode, the audit draw (as open_groups takes it) and ids for
+    the groups, as many as it may open."""
+
+    plan: GroupPlan
+    commit: str
+    audit_fraction: float
+    seed: int
+    group_ids: list[str]
 
 
 @dataclass
@@ -200,23 +217,31 @@ class Store(RunControl, StoreReads):
     async def lease_with_policy(self, now: float, worker_id: str, lease_id: str,
                                 max_rollouts: int, expires_at: float, key_ttl_s: int,
                                 backend: str | None, expire_limit: int = 0,
-                                flow_target: int = 0) -> LeaseGrant:
+                                flow_target: int = 0, opening: Opening | None = None
+                                ) -> LeaseGrant:
         """`lease`, plus the policy in force, after first re-queueing up to `expire_limit`
         rollouts whose lease expired (as `expire_leases`): one round trip where a lease call
-        took three. With a `flow_target`, also whether open_groups could open a group now."""
-        flat, cancel, version, checkpoint, room = await self._script(
+        took three. With a `flow_target`, also whether open_groups could open a group now; with
+        an `opening` too, groups are opened on the epoch queue's next prompts for what the queue
+        could not fill, and leased, in the same call."""
+        gids = opening.group_ids if opening else []
+        flat, cancel, version, checkpoint, room, dry = await self._script(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
                           max_rollouts=max_rollouts, expires_at=expires_at, key_ttl_s=key_ttl_s,
                           backend=backend or "", requeue_limit=expire_limit,
-                          flow_target=flow_target),
-            self._lease_keys(lease_id))
+                          flow_target=flow_target,
+                          plan=rf.plan_spec_json(opening.plan, opening.commit) if opening else "",
+                          audit_fraction=repr(float(opening.audit_fraction)) if opening else 0,
+                          seed=opening.seed if opening else 0, group_ids=" ".join(gids)),
+            self._lease_keys(lease_id), more_keys=[self.keys.group(gid) for gid in gids])
         rollouts = []
         for i in range(0, len(flat), 3):
             rid, pid = text(flat[i]), text(flat[i + 1])
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
             rollouts.append(LeasedRollout(rid, group_id, pid, shared_prompt(flat[i + 2])))
         policy = PolicyInfo(version=stored_int(version), checkpoint=text(checkpoint) or None)
-        return LeaseGrant(rollouts, rf.split_ids(text(cancel)), policy, int(room) == 1)
+        return LeaseGrant(rollouts, rf.split_ids(text(cancel)), policy, int(room) == 1,
+                          int(dry) == 1)
 
     def _lease_keys(self, lease_id: str) -> dict[str, str]:
         return dict(lease=self.keys.lease(lease_id),

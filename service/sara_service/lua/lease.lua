@@ -7,15 +7,26 @@
 -- KEYS[15] = wake stream (long polls of every replica wait on it)
 -- KEYS[16] = ready list         KEYS[17] = open_yield string   KEYS[18] = open_groups zset
 --             (flow control's measure, read as open_groups.lua reads it)
+-- KEYS[19] = group_states hash  KEYS[20] = posteriors hash     KEYS[21] = prompts_off hash
+-- KEYS[22] = epoch_queue list   KEYS[22 + i] = hash of the group named by ARGV[13]'s i-th id
 -- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = lease_id   ARGV[4] = max_rollouts
 -- ARGV[5] = expires_at (of the lease)   ARGV[6] = key_ttl_s   ARGV[7] = backend ('' = unknown)
 -- ARGV[8] = requeue_limit (most expired leases to put back first, as expire_leases.lua does;
 --           0: none)
 -- ARGV[9] = flow_target (prefetch_batches x batch_size; 0: room is not asked for)
+-- ARGV[10] = plan: '' or, when every group of the run has one plan (a uniform prior), that plan
+--            as a group spec without gid and pid (see _open.lua): a lease the queue cannot fill
+--            then opens groups for the rest on the epoch queue's next prompts and leases them,
+--            one call where the scheduler made four (this lease, an LPOP of the epoch queue,
+--            open_groups.lua, a second lease)
+-- ARGV[11] = audit_fraction   ARGV[12] = seed (as open_groups.lua takes them)
+-- ARGV[13] = group_ids: the ids (space separated) the groups opened here take, in order
 -- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated),
---          policy version, policy checkpoint ('' = none), room}: room is 1 when open_groups.lua
---          could open a group now (the run is neither paused nor draining, and flow control is
---          under its target), else 0, so a worker that flow control holds back costs one call
+--          policy version, policy checkpoint ('' = none), room, dry}: room is 1 when
+--          open_groups.lua could open a group now (the run is neither paused nor draining, and
+--          flow control is under its target), else 0, so a worker that flow control holds back
+--          costs one call; dry is 1 when opening groups here found the epoch queue short (the
+--          scheduler starts the next epoch and opens the rest)
 -- Each key is read and written once per batch of popped ids, not once per rollout.
 local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
 -- rollouts whose lease ran out go back at the front first (one round trip, not two)
@@ -47,19 +58,54 @@ local got = 0
 -- paused: nothing is leased (pending rollouts wait), but the worker is still seen and gets its
 -- cancels; checked here, in the same script, so no lease slips past a pause
 if redis.call('GET', KEYS[13]) == 'paused' then want = 0 end
-while got < want do
-  local popped = redis.call('LPOP', KEYS[1], want - got)
-  if not popped then break end
-  local states = redis.call('HMGET', KEYS[2], unpack(popped))
-  for i, rid in ipairs(popped) do
-    -- cancelled or already answered slots stay in the queue until popped: skip them here
-    if states[i] == 'p' and not seen[rid] then
-      seen[rid] = true
-      taken[#taken + 1] = rid
-      got = got + 1
+local function take()
+  while got < want do
+    local popped = redis.call('LPOP', KEYS[1], want - got)
+    if not popped then break end
+    local states = redis.call('HMGET', KEYS[2], unpack(popped))
+    for i, rid in ipairs(popped) do
+      -- cancelled or already answered slots stay in the queue until popped: skip them here
+      if states[i] == 'p' and not seen[rid] then
+        seen[rid] = true
+        taken[#taken + 1] = rid
+        got = got + 1
+      end
     end
   end
 end
+take()
+
+-- Open groups for the rest on the epoch's next prompts, as the scheduler would (its count, its
+-- plan), while flow control has room; prompts popped but not opened go back to the front.
+local dry = 0
+local function open_for_rest()
+  local target = tonumber(ARGV[9]) * YIELD_UNIT
+  local expected = flow_expected(KEYS[16], KEYS[18], KEYS[17])
+  if redis.call('EXISTS', KEYS[13]) == 1 or expected >= target then return end
+  local plan, gids = cjson.decode(ARGV[10]), {}
+  for gid in string.gmatch(ARGV[13], '%S+') do gids[#gids + 1] = gid end
+  local n = math.min(#gids, math.ceil((want - got) / math.max(1, plan.issue)))
+  local pids = redis.call('LPOP', KEYS[22], n) or {}
+  if #pids < n then dry = 1 end
+  local specs = {}
+  for i, pid in ipairs(pids) do
+    local spec = {gid = gids[i], pid = pid}
+    for field, value in pairs(plan) do spec[field] = value end
+    specs[i] = spec
+  end
+  local K = {stats = KEYS[4], open = KEYS[18], pending = KEYS[1], slots = KEYS[2],
+    states = KEYS[19], prompt = KEYS[9], posteriors = KEYS[20], off = KEYS[21],
+    yield = KEYS[17], wake = KEYS[15]}
+  local consumed = open_specs(K, specs, function(i) return KEYS[22 + i] end, target, expected,
+    ARGV[1], tonumber(ARGV[11]), ARGV[12])
+  if consumed < #pids then
+    local back = {}
+    for i = #pids, consumed + 1, -1 do back[#back + 1] = pids[i] end
+    redis.call('LPUSH', KEYS[22], unpack(back))
+  end
+  take()
+end
+if got < want and ARGV[10] ~= '' then open_for_rest() end
 local out = {}
 if got > 0 then
   local slots, scored, gids = {}, {}, {}
@@ -107,4 +153,4 @@ if target > 0 and redis.call('EXISTS', KEYS[13]) == 0
     and flow_expected(KEYS[16], KEYS[18], KEYS[17]) < target * YIELD_UNIT then
   room = 1
 end
-return {out, cancel, policy[1] or '0', policy[2] or '', room}
+return {out, cancel, policy[1] or '0', policy[2] or '', room, dry}

@@ -1,0 +1,86 @@
+-- Opening groups, put in front of the scripts that open them (redis_format.ScriptSpec.library):
+-- open_groups.lua, and lease.lua, which opens groups itself when its queue runs short so that a
+-- lease of a uniform-prior run is one call, not four.
+-- open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed) opens the specs in
+-- order while the expected yield stays under the target (both in yield units) and returns how
+-- many it consumed (opened, or passed over because the prompt is disabled or deleted: a prefix
+-- of the list). K names the keys: stats, open (open_groups zset), pending, slots, states
+-- (group_states), prompt (group_prompt), posteriors, off (prompts_off), yield (open_yield), wake;
+-- group_key(i) is the i-th spec's group hash. A spec is {gid, pid, k, thr_f, thr_s, issue, pf,
+-- ps, p0, deliver_sat, commit}: pf and ps the p_eff tables as JSON text, stored verbatim.
+
+-- A group is audited by a hash of (seed, prompt, visit), not by its outcomes, so the audited
+-- groups are a uniform sample of the ones SARA would abandon; a hash keeps any replica and the
+-- reference model in agreement where a random draw would not.
+local function audit_draw(audit_fraction, seed, pid, visit)
+  if audit_fraction <= 0 then return 0 end
+  local h = tonumber(string.sub(redis.sha1hex(seed .. ':' .. pid .. ':' .. visit), 1, 12), 16)
+  return (h / 281474976710656 < audit_fraction) and 1 or 0
+end
+
+local function open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed)
+  if #specs == 0 then return 0 end
+  -- what every spec may need, read at once: disabled prompts and posteriors
+  local pids = {}
+  for i, g in ipairs(specs) do pids[i] = g.pid end
+  local off = redis.call('HMGET', K.off, unpack(pids))
+  local raw_posts = redis.call('HMGET', K.posteriors, unpack(pids))
+  local posts, post_writes = {}, {}
+  for i, pid in ipairs(pids) do
+    if posts[pid] == nil then posts[pid] = raw_posts[i] and cjson.decode(raw_posts[i]) or false end
+  end
+  local states, prompts, zadds, slots, pushes = {}, {}, {}, {}, {}
+  local issued, opened, consumed, added = 0, 0, 0, 0
+  for i, g in ipairs(specs) do
+    if expected >= target then break end
+    -- consumed, not opened: a disabled or deleted prompt is never opened again
+    if not off[i] then
+      -- a plan that delivers saturated groups (uniform) yields a group for every group opened
+      local p0 = (g.deliver_sat == 1) and 1 or g.p0
+      local post = posts[g.pid]
+      local visit = 0
+      if post then
+        visit = post.groups or 0
+        post.groups = visit + 1
+        post.last = g.gid
+        post_writes[g.pid] = true
+      end
+      -- the p_eff tables, each one field (a JSON list, entry n: after n failures / successes
+      -- only): two fields where one per prefix length made every read of the hash ~40 fields long
+      redis.call('HSET', group_key(i), 'prompt_id', g.pid, 'k', g.k, 'issued', g.issue, 'done', 0,
+        's', 0, 'f', 0, 'cancelled', 0, 'thr_f', g.thr_f, 'thr_s', g.thr_s,
+        'deliver_sat', g.deliver_sat, 'commit', g.commit, 'p_eff', g.p0, 'created_at', now,
+        'audit', audit_draw(audit_fraction, seed, g.pid, visit), 'pf', g.pf, 'ps', g.ps)
+      states[#states + 1] = g.gid; states[#states + 1] = 'open'
+      prompts[#prompts + 1] = g.gid; prompts[#prompts + 1] = g.pid
+      zadds[#zadds + 1] = p0; zadds[#zadds + 1] = g.gid
+      for slot = 0, g.issue - 1 do
+        local rid = g.gid .. ':' .. slot
+        slots[#slots + 1] = rid; slots[#slots + 1] = 'p'
+        pushes[#pushes + 1] = rid
+      end
+      issued = issued + g.issue
+      opened = opened + 1
+      local u = yield_units(p0)
+      expected = expected + u
+      added = added + u
+    end
+    consumed = consumed + 1
+  end
+  if opened == 0 then return consumed end
+  call_chunked('HSET', K.states, states)
+  call_chunked('HSET', K.prompt, prompts)
+  call_chunked('ZADD', K.open, zadds)
+  redis.call('INCRBY', K.yield, added)
+  local post_out = {}
+  for pid in pairs(post_writes) do
+    post_out[#post_out + 1] = pid; post_out[#post_out + 1] = cjson.encode(posts[pid])
+  end
+  if #post_out > 0 then call_chunked('HSET', K.posteriors, post_out) end
+  call_chunked('HSET', K.slots, slots)
+  call_chunked('RPUSH', K.pending, pushes)
+  redis.call('HINCRBY', K.stats, 'rollouts_issued', issued)
+  redis.call('HINCRBY', K.stats, 'groups_opened', opened)
+  redis.call('XADD', K.wake, 'MAXLEN', '~', 64, '*', 'w', 'lease')
+  return consumed
+end

@@ -1,0 +1,92 @@
+"""A lease that opens groups itself (one plan for every group: a uniform-prior run) leaves Redis
+exactly as the scheduler's four calls did before it: lease, pop the epoch queue, open_groups.lua
+on what was popped, a second lease, and the unopened prompts pushed back."""
+
+from __future__ import annotations
+
+import pytest
+
+from sara_client.models import PromptIn
+from sara_service.redis_client import connect
+from sara_service.scheduler import shuffled
+from sara_service.store import Opening, Store
+
+from .test_store import SARA8
+
+pytestmark = pytest.mark.anyio
+
+PROMPTS = [(f"p{i}", PromptIn(prompt=f"question {i}", answer=str(i))) for i in range(6)]
+GIDS = ["gA", "gB", "gC", "gD", "gE"]
+
+
+async def _run(store: Store, ids: list[str]) -> None:
+    await store.add_prompts(PROMPTS, 1.0, 1.0, 0)
+    await store._script("refill_epoch", dict(seen_epoch=0, prompt_ids=" ".join(ids)))
+    # a group already open, with its probe queued: the lease takes those first
+    await store.open_groups(0.0, 100, [("g0", ids[0], SARA8)], "complete", 0, 0.5, 7)
+    await store.redis.lpop(store.keys.epoch_queue)
+
+
+async def dump(store: Store) -> dict:
+    """Every key of the namespace, by name without the namespace, with its content (the wake
+    stream by length: its entry ids are times)."""
+    out = {}
+    r = store.redis
+    async for key in r.scan_iter(match=store.keys.prefix + "*"):
+        name = key.decode()[len(store.keys.prefix):]
+        kind = (await r.type(key)).decode()
+        out[name] = {
+            "string": lambda: r.get(key), "hash": lambda: r.hgetall(key),
+            "list": lambda: r.lrange(key, 0, -1), "zset": lambda: r.zrange(key, 0, -1,
+                                                                          withscores=True),
+            "set": lambda: r.smembers(key), "stream": lambda: r.xlen(key)}[kind]
+        out[name] = await out[name]()
+    return out
+
+
+async def _fused(store: Store, want: int, target: int, gids: list[str]):
+    opening = Opening(SARA8, "complete", 0.5, 7, gids)
+    grant = await store.lease_with_policy(1.0, "w", "L1", want, 50.0, 100, "vllm",
+                                          flow_target=target, opening=opening)
+    return grant, [r.rollout_id for r in grant.rollouts]
+
+
+async def _four_calls(store: Store, want: int, target: int, gids: list[str]):
+    grant = await store.lease_with_policy(1.0, "w", "L1", want, 50.0, 100, "vllm",
+                                          flow_target=target)
+    ids = [r.rollout_id for r in grant.rollouts]
+    count = min(len(gids), -(-(want - len(ids)) // SARA8.initial_issue))
+    pids = await store.pop_epoch(count, 0, shuffled)
+    opened = await store.open_groups(1.0, target, list(zip(gids, pids, [SARA8] * len(pids))),
+                                     "complete", 0, 0.5, 7)
+    await store.unpop_epoch(pids[opened:])
+    more = await store.lease_with_policy(1.0, "w", "L1", want - len(ids), 50.0, 100, "vllm")
+    return grant, ids + [r.rollout_id for r in more.rollouts]
+
+
+@pytest.mark.parametrize("want, target", [(20, 3), (64, 100), (4, 100)])
+async def test_a_lease_that_opens_groups_leaves_what_the_four_calls_left(redis_url, want, target):
+    """(20, 3): flow control stops the opening midway and a popped prompt goes back;
+    (64, 100): every popped prompt opens; (4, 100): the queue fills the lease, nothing opens."""
+    client = connect(redis_url)
+    try:
+        fused, apart = Store(client, "fused"), Store(client, "apart")
+        order = [pid for pid, _ in PROMPTS]
+        for store in (fused, apart):
+            await _run(store, order)
+        grant, fused_ids = await _fused(fused, want, target, GIDS)
+        _, apart_ids = await _four_calls(apart, want, target, GIDS)
+        assert fused_ids == apart_ids
+        assert await dump(fused) == await dump(apart)
+        assert not grant.dry
+    finally:
+        await client.aclose()
+
+
+async def test_an_epoch_that_runs_dry_is_said_so(store):
+    """Two prompts left for five groups: both open, and the grant says to start the next epoch."""
+    await store.add_prompts(PROMPTS[:2], 1.0, 1.0, 0)
+    await store._script("refill_epoch", dict(seen_epoch=0, prompt_ids="p0 p1"))
+    grant, ids = await _fused(store, 64, 100, GIDS)
+    assert grant.dry and ids == [f"{g}:{i}" for g in GIDS[:2] for i in range(4)]
+    assert await store.redis.llen(store.keys.epoch_queue) == 0
