@@ -21,7 +21,9 @@ from .errors import SaraServiceError, StoreUnavailable
 from .health import RedisHealth
 from .metrics import Metrics, RequestMetrics
 from .redis_client import connect
-from .routers import batches, dashboard, leases, observe, policy, prompts, results, runctl
+from .routers import (
+    add_body_schemas, batches, dashboard, leases, observe, policy, prompts, results, runctl,
+)
 from .scheduler import Clock, Scheduler
 from .settings import Settings
 from .store import Store
@@ -226,6 +228,18 @@ def _lifespan(scheduler: Scheduler, health: RedisHealth, redis: aioredis.Redis) 
     return lifespan
 
 
+def _document_body_schemas(app: FastAPI) -> None:
+    """Add to /openapi.json the schemas of the bodies routes parse themselves (`json_body`)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_body_schemas(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
                clock: Clock | None = None, embedded: Any = None) -> FastAPI:
     """Build the scheduler app. `redis` defaults to a client for settings.redis_url;
@@ -250,6 +264,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     app.state.redis_health = health
     for module in (prompts, runctl, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
+    _document_body_schemas(app)
     _install_error_handlers(app)
     app.add_middleware(InternalErrors)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -62,6 +62,10 @@ async def test_several_errors_are_all_listed(api):
 async def test_invalid_json_and_bad_path_ids_are_422(api):
     r = await api.post("/leases", content=b"{not json", headers={"content-type": "application/json"})
     assert_envelope(r, 422, "invalid_request")
+    # /results parses its own body (routers.json_body): the same envelope, the field named
+    for body in (b"{not json", b"", b"\xff\xfe", b"[]"):
+        r = await api.post("/results", content=body, headers={"content-type": "application/json"})
+        assert assert_envelope(r, 422, "invalid_request")["message"].startswith("body")
     r = await api.post("/leases/bad%20id/heartbeat", {"worker_id": "w1"})
     assert assert_envelope(r, 422, "invalid_request")["message"].startswith("path.lease_id")
 
