@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -283,14 +284,27 @@ CLIENT_TEXT = {"sdk": "the async SDK, pydantic models both ways", "raw": "bare h
                "lean": "aiohttp + orjson"}
 
 
-def make_results(rollouts: list[tuple[str, float]], rng: random.Random) -> list[dict]:
-    return [{"rollout_id": rid, "reward": 1.0 if rng.random() < p else 0.0, "completion": "",
-             "completion_tokens": 16, "finish_reason": "stop", "policy_version": 0}
-            for rid, p in rollouts]
+@functools.lru_cache(maxsize=4)
+def generated(tokens: int) -> dict:
+    """What a worker that sends its tokens reports per result: `tokens` token ids and logprobs
+    and ~4 characters of completion per token (one draw, shared by every result: the load
+    generator's CPU stays on the wire, not on random numbers)."""
+    rng = random.Random(tokens)
+    return {"completion": "x" * (4 * tokens), "completion_tokens": tokens,
+            "token_ids": [rng.randrange(150_000) for _ in range(tokens)],
+            "logprobs": [round(-5 * rng.random(), 6) for _ in range(tokens)]}
+
+
+def make_results(rollouts: list[tuple[str, float]], rng: random.Random,
+                 tokens: int = 0) -> list[dict]:
+    body = generated(tokens) if tokens else {"completion": "", "completion_tokens": 16}
+    return [{"rollout_id": rid, "reward": 1.0 if rng.random() < p else 0.0, **body,
+             "finish_reason": "stop", "policy_version": 0} for rid, p in rollouts]
 
 
 async def cycle(driver: SdkDriver, wid: str, per_call: int, rng: random.Random,
-                tally: Tally, t0: float | None = None, wait_s: float = 0.0) -> int:
+                tally: Tally, t0: float | None = None, wait_s: float = 0.0,
+                tokens: int = 0) -> int:
     """lease(per_call) -> report them. Latencies in ms; /leases from t0 (its scheduled start)."""
     start = time.perf_counter() if t0 is None else t0
     try:
@@ -304,7 +318,7 @@ async def cycle(driver: SdkDriver, wid: str, per_call: int, rng: random.Random,
         tally.empty_leases += 1
         return 0
     tally.leases += 1
-    results = make_results(rollouts, rng)
+    results = make_results(rollouts, rng, tokens)
     t2 = time.perf_counter()
     try:
         accepted = await driver.report(wid, results)
@@ -445,7 +459,7 @@ async def phase_max(urls: list[str], args: argparse.Namespace, duration: float,
         rng = random.Random(i)
         while not stop.is_set():
             if not await cycle(workers[i], f"bench-w{i}", args.per_call, rng, tally,
-                               wait_s=LEASE_WAIT_S):
+                               wait_s=LEASE_WAIT_S, tokens=args.result_tokens):
                 await asyncio.sleep(0.005)  # a poll that ended empty (or an error)
 
     cpu0, started = own_cpu(), time.perf_counter()
@@ -481,7 +495,7 @@ async def phase_paced(urls: list[str], args: argparse.Namespace, label: str) -> 
         if delay > 0:
             await asyncio.sleep(delay)
         task = asyncio.create_task(cycle(pool[i % len(pool)], f"bench-p{i % 64}", args.per_call,
-                                         rng, tally, t0=t0))
+                                         rng, tally, t0=t0, tokens=args.result_tokens))
         inflight.add(task)
         task.add_done_callback(inflight.discard)
     if inflight:
@@ -660,6 +674,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "orjson (least)")
     p.add_argument("--trainers", type=int, default=2, help="concurrent batch consumers")
     p.add_argument("--per-call", type=int, default=64, help="rollouts per lease and per report")
+    p.add_argument("--result-tokens", type=int, default=0,
+                   help="token ids and logprobs each result carries, as a worker feeding a "
+                        "trainer that needs them sends (0: none, 16 tokens counted)")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=256, help="groups per trainer batch")
     p.add_argument("--prefetch-batches", type=int, default=8)
@@ -750,6 +767,12 @@ def _commands_per_result(m: MaxRun) -> float:
     return inner / max(m.tally.results, 1)
 
 
+def _tokens_text(tokens: int) -> str:
+    if not tokens:
+        return "results without token ids"
+    return f"each result with {tokens} token ids and logprobs and {4 * tokens} characters"
+
+
 def report(args: argparse.Namespace, command: str, topology: str,
            sweep: list[tuple[str, MaxRun]], runs: list[dict],
            rb_rows: list[tuple[str, str]]) -> str:
@@ -765,7 +788,7 @@ def report(args: argparse.Namespace, command: str, topology: str,
         f"load:      1/5/15-min load average {args.load_before} at the start, "
         f"{_loadavg()} at the end (anything above the bench's own ~2 is other work)",
         f"setup:     k={args.group_size}, {args.per_call} rollouts per lease and per /results "
-        f"call, trainer batch_size={args.batch_size}, prefetch_batches={args.prefetch_batches}, "
+        f"call ({_tokens_text(args.result_tokens)}), trainer batch_size={args.batch_size}, prefetch_batches={args.prefetch_batches}, "
         f"{args.prompts} prompts (standard pool), embedded redis-server (AOF everysec), "
         f"serve under {args.serve_python} ({serve_stack(args.serve_python)}), "
         f"load generator: {args.client} clients ({CLIENT_TEXT[args.client]})",
