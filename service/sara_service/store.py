@@ -49,6 +49,10 @@ class LeasedRollout:
     prompt: dict[str, Any]
 
 
+# what a leased rollout carries when its prompt's content is gone (neither stored nor retired)
+NO_PROMPT: dict[str, Any] = {"prompt": "", "meta": {"sara_note": "prompt content not found"}}
+
+
 @dataclass
 class LeaseGrant:
     """What one lease.lua call gave: the rollouts, the worker's cancel list, the policy in
@@ -225,7 +229,7 @@ class Store(RunControl, StoreReads):
         an `opening` too, groups are opened on the epoch queue's next prompts for what the queue
         could not fill, and leased, in the same call."""
         gids = opening.group_ids if opening else []
-        flat, cancel, version, checkpoint, room, dry = await self._script(
+        flat, prompts, cancel, version, checkpoint, room, dry = await self._script(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
                           max_rollouts=max_rollouts, expires_at=expires_at, key_ttl_s=key_ttl_s,
                           backend=backend or "", requeue_limit=expire_limit,
@@ -234,11 +238,14 @@ class Store(RunControl, StoreReads):
                           audit_fraction=repr(float(opening.audit_fraction)) if opening else 0,
                           seed=opening.seed if opening else 0, group_ids=" ".join(gids)),
             self._lease_keys(lease_id), more_keys=[self.keys.group(gid) for gid in gids])
+        content = {prompts[i]: prompts[i + 1] for i in range(0, len(prompts), 2)}
         rollouts = []
-        for i in range(0, len(flat), 3):
-            rid, pid = text(flat[i]), text(flat[i + 1])
+        for i in range(0, len(flat), 2):
+            rid, pid = text(flat[i]), flat[i + 1]
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
-            rollouts.append(LeasedRollout(rid, group_id, pid, shared_prompt(flat[i + 2])))
+            raw = content[pid]
+            rollouts.append(LeasedRollout(rid, group_id, text(pid),
+                                          shared_prompt(raw) if raw else NO_PROMPT))
         policy = PolicyInfo(version=stored_int(version), checkpoint=text(checkpoint) or None)
         return LeaseGrant(rollouts, rf.split_ids(text(cancel)), policy, int(room) == 1,
                           int(dry) == 1)

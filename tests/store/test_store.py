@@ -143,6 +143,22 @@ async def test_lease_skips_cancelled_rollouts_and_hands_out_cancel_lists(store):
     assert await lease(store, "w2", 5, lease_id="L4") == ([], [])  # drained once
 
 
+async def test_a_lease_carries_each_prompts_content_once(store):
+    """Eight rollouts of two groups of one prompt and one of another: the script's answer holds
+    two contents, not nine; every rollout still gets its prompt."""
+    await store.add_prompts([("q", PromptIn(prompt="other question", answer="7"))], 1.0, 1.0, 0)
+    await store.open_groups(0.0, 100, [("g1", "p", UNI8), ("g2", "q", UNI8)], "complete")
+    keys = dict(lease=store.keys.lease("L1"), lease_rollouts=store.keys.lease_rollouts("L1"))
+    args = dict(now=0.0, worker_id="w", lease_id="L1", max_rollouts=10, expires_at=10.0,
+                key_ttl_s=100, backend="", requeue_limit=0, flow_target=0, plan="",
+                audit_fraction=0, seed=0, group_ids="")
+    flat, prompts, *_ = await store._script("lease", args, keys)
+    assert len(flat) == 2 * 10 and [x.decode() for x in prompts[::2]] == ["p", "q"]
+    grant = await store.lease_with_policy(0.0, "w", "L2", 6, 10.0, 100, None)
+    assert [(r.prompt_id, r.prompt["prompt"]) for r in grant.rollouts] == [
+        ("q", "other question")] * 6
+
+
 async def test_abandon_cancels_outstanding_rollouts_and_late_results_only_move_the_posterior(
         store):
     # SARA's own plans never have a rollout outstanding at abandonment (they issue exactly up to

@@ -21,7 +21,8 @@
 --            open_groups.lua, a second lease)
 -- ARGV[11] = audit_fraction   ARGV[12] = seed (as open_groups.lua takes them)
 -- ARGV[13] = group_ids: the ids (space separated) the groups opened here take, in order
--- returns {{rollout_id, prompt_id, prompt_json, ...}, cancel ids (space separated),
+-- returns {{rollout_id, prompt_id, ...}, {prompt_id, prompt_json, ...} (each leased prompt's
+--          content once; '' for a prompt with none), cancel ids (space separated),
 --          policy version, policy checkpoint ('' = none), room, dry}: room is 1 when
 --          open_groups.lua could open a group now (the run is neither paused nor draining, and
 --          flow control is under its target), else 0, so a worker that flow control holds back
@@ -106,7 +107,7 @@ local function open_for_rest()
   take()
 end
 if got < want and ARGV[10] ~= '' then open_for_rest() end
-local out = {}
+local out, prompts = {}, {}
 if got > 0 then
   local slots, scored, gids = {}, {}, {}
   for i, rid in ipairs(taken) do
@@ -118,17 +119,23 @@ if got > 0 then
   call_chunked('ZADD', KEYS[3], scored)
   call_chunked('SADD', KEYS[7], taken)
   local pids = redis.call('HMGET', KEYS[9], unpack(gids))
-  local content = redis.call('HMGET', KEYS[10], unpack(pids))
-  local retired = nil
+  -- each prompt's content once, however many of its group's rollouts are leased
+  local unique, seen_pid = {}, {}
   for i, rid in ipairs(taken) do
-    -- a group in flight still runs after its prompt was deleted: its content is retired
-    if not content[i] then
-      retired = retired or redis.call('HMGET', KEYS[14], unpack(pids))
-      content[i] = retired[i]
-    end
     out[#out + 1] = rid
     out[#out + 1] = pids[i]
-    out[#out + 1] = content[i]
+    if not seen_pid[pids[i]] then seen_pid[pids[i]] = true; unique[#unique + 1] = pids[i] end
+  end
+  local content = redis.call('HMGET', KEYS[10], unpack(unique))
+  local retired = nil
+  for i, pid in ipairs(unique) do
+    -- a group in flight still runs after its prompt was deleted: its content is retired
+    if not content[i] then
+      retired = retired or redis.call('HMGET', KEYS[14], unpack(unique))
+      content[i] = retired[i]
+    end
+    prompts[#prompts + 1] = pid
+    prompts[#prompts + 1] = content[i] or ''
   end
   -- a lease topped up by a second call in the same request is still one lease
   if redis.call('EXISTS', KEYS[6]) == 0 then
@@ -153,4 +160,4 @@ if target > 0 and redis.call('EXISTS', KEYS[13]) == 0
     and flow_expected(KEYS[16], KEYS[18], KEYS[17]) < target * YIELD_UNIT then
   room = 1
 end
-return {out, cancel, policy[1] or '0', policy[2] or '', room, dry}
+return {out, prompts, cancel, policy[1] or '0', policy[2] or '', room, dry}
