@@ -128,20 +128,22 @@ def group_spec(group_id: str, prompt_id: str, plan: GroupPlan, commit: str) -> d
     hash with. The p_eff tables go as the JSON text the script stores verbatim in the `pf` and
     `ps` fields, and `p0` as the first entry's text: each number is its repr, so they read back
     as exactly the doubles Python computed."""
-    fail, success = _p_eff_tables(plan)
-    return {"gid": group_id, "pid": prompt_id, "k": plan.k, "thr_f": plan.after_failures,
-            "thr_s": plan.after_successes, "issue": plan.initial_issue, "pf": fail, "ps": success,
-            "p0": repr(plan.p_eff_fail[0]), "deliver_sat": int(plan.deliver_saturated),
-            "commit": commit}
+    return {"gid": group_id, "pid": prompt_id, **_plan_fields(plan, commit)}
 
 
 @functools.lru_cache(maxsize=64)
 def plan_spec_json(plan: GroupPlan, commit: str) -> bytes:
     """lease.lua's `plan`: a group spec without its group and prompt (JSON), for a lease that
     opens groups itself; one plan serves every group of a uniform-prior run."""
-    spec = group_spec("", "", plan, commit)
-    del spec["gid"], spec["pid"]
-    return json.dumps(spec, separators=(",", ":")).encode()
+    return json.dumps(_plan_fields(plan, commit), separators=(",", ":")).encode()
+
+
+def _plan_fields(plan: GroupPlan, commit: str) -> dict[str, Any]:
+    fail, success = _p_eff_tables(plan)
+    return {"k": plan.k, "thr_f": plan.after_failures, "thr_s": plan.after_successes,
+            "issue": plan.initial_issue, "pf": fail, "ps": success,
+            "p0": repr(plan.p_eff_fail[0]), "deliver_sat": int(plan.deliver_saturated),
+            "commit": commit}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -194,7 +194,7 @@ class Scheduler:
             return None
         count = min(self.flow_target, math.ceil(max_rollouts / max(1, plan.initial_issue)))
         return Opening(plan, s.commit, s.audit_fraction, s.seed,
-                       [_new_id("g") for _ in range(count)])
+                       tuple(_new_id("g") for _ in range(count)))
 
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
         """Open enough new groups to supply about `rollouts_wanted` rollouts, flow permitting."""
@@ -228,9 +228,9 @@ class Scheduler:
             now = self.clock()
             expires_at = now + s.lease_ttl_s
             # expired leases go back to the queue in the same script (EXPIRE_BATCH at a time);
-            # groups open only when the script saw room for them
-            # under one plan for every group, the script opens groups for what the queue lacks;
-            # else (or when the epoch ran out) they are opened here, and leased by a second call
+            # under one plan for every group, the script also opens groups for what the queue
+            # lacks; else (or when the epoch ran out) they are opened here, when the script saw
+            # room for them, and leased by a second call
             opening = self._opening(req.max_rollouts)
             grant = await self.store.lease_with_policy(
                 now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,

@@ -76,7 +76,7 @@ class Opening:
     commit: str
     audit_fraction: float
     seed: int
-    group_ids: list[str]
+    group_ids: tuple[str, ...]
 
 
 @dataclass
@@ -228,7 +228,7 @@ class Store(RunControl, StoreReads):
         took three. With a `flow_target`, also whether open_groups could open a group now; with
         an `opening` too, groups are opened on the epoch queue's next prompts for what the queue
         could not fill, and leased, in the same call."""
-        gids = opening.group_ids if opening else []
+        gids = opening.group_ids if opening else ()
         flat, prompts, cancel, version, checkpoint, room, dry = await self._script(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
                           max_rollouts=max_rollouts, expires_at=expires_at, key_ttl_s=key_ttl_s,

@@ -16,7 +16,7 @@ from .test_store import SARA8
 pytestmark = pytest.mark.anyio
 
 PROMPTS = [(f"p{i}", PromptIn(prompt=f"question {i}", answer=str(i))) for i in range(6)]
-GIDS = ["gA", "gB", "gC", "gD", "gE"]
+GIDS = ("gA", "gB", "gC", "gD", "gE")
 
 
 async def _run(store: Store, ids: list[str]) -> None:
@@ -44,14 +44,14 @@ async def dump(store: Store) -> dict:
     return out
 
 
-async def _fused(store: Store, want: int, target: int, gids: list[str]):
+async def _fused(store: Store, want: int, target: int, gids: tuple[str, ...]):
     opening = Opening(SARA8, "complete", 0.5, 7, gids)
     grant = await store.lease_with_policy(1.0, "w", "L1", want, 50.0, 100, "vllm",
                                           flow_target=target, opening=opening)
     return grant, [r.rollout_id for r in grant.rollouts]
 
 
-async def _four_calls(store: Store, want: int, target: int, gids: list[str]):
+async def _four_calls(store: Store, want: int, target: int, gids: tuple[str, ...]):
     grant = await store.lease_with_policy(1.0, "w", "L1", want, 50.0, 100, "vllm",
                                           flow_target=target)
     ids = [r.rollout_id for r in grant.rollouts]

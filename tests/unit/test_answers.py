@@ -16,6 +16,7 @@ from sara_service.store import LeasedRollout
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=128, seed=3)
 POLICY = PolicyInfo(version=4, checkpoint="ckpt/4")
+FLOOR_LOGPROB_TEXT = f"{FLOOR_LOGPROB}]".encode()  # an older release's null, repaired
 PROMPTS = [
     {"prompt": "What is 2+2? Ünïcode ✓", "task": "math", "answer": "4",
      "meta": {"p_success": 0.25, "tags": ["a", {"b": None}], "n": 2**62}},
@@ -97,5 +98,3 @@ def test_a_batch_answer_is_the_models_answer():
                 for (gid, pid, prompt, _), rows in zip(groups, rollouts)])
     assert Batch.model_validate_json(raw) == expected
 
-
-FLOOR_LOGPROB_TEXT = f"{FLOOR_LOGPROB}]".encode()
