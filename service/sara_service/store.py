@@ -11,6 +11,7 @@ unreachable surfaces as `StoreUnavailable`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import dataclass
@@ -130,6 +131,10 @@ class Store(RunControl, StoreReads):
         self.redis = client
         self.keys = Keys(namespace)
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+        # one epoch refill at a time per process: when the queue runs dry, every lease in flight
+        # finds it short at once, and each reading and shuffling the whole pool cost more than
+        # the leases themselves (replicas still refill once between them: refill_epoch.lua)
+        self._refill_lock = asyncio.Lock()
 
     async def _script(self, name: str, args: dict[str, Any], per_id: dict[str, str] | None = None,
                       more_keys: Sequence[str] = (), more_args: Sequence[Any] = ()) -> Any:
@@ -166,18 +171,28 @@ class Store(RunControl, StoreReads):
     async def pop_epoch(self, count: int, seed: int,
                         shuffle: Callable[[list[str], int], list[str]]) -> list[str]:
         """Up to `count` prompt ids from the epoch queue, starting a new epoch when it runs dry."""
-        k = self.keys
-        got = [text(x) for x in (await self.redis.lpop(k.epoch_queue, count) or [])]
+        got = await self._lpop_epoch(count)
         if len(got) < count:  # at most one refill per call: a tiny pool gives fewer than asked
-            epoch = int(await self.redis.get(k.epoch) or 0)
-            ids = sorted(text(x) for x in await self.redis.hkeys(k.prompts))
-            if not ids:
-                return got
-            order = shuffle(ids, seed * 1_000_003 + epoch)
-            await self._script("refill_epoch", dict(seen_epoch=epoch, prompt_ids=" ".join(order)))
-            more = await self.redis.lpop(k.epoch_queue, count - len(got)) or []
-            got += [text(x) for x in more]
+            async with self._refill_lock:
+                got += await self._lpop_epoch(count - len(got))  # refilled while we waited?
+                if len(got) < count and await self._refill_epoch(seed, shuffle):
+                    got += await self._lpop_epoch(count - len(got))
         return got
+
+    async def _lpop_epoch(self, count: int) -> list[str]:
+        return [text(x) for x in (await self.redis.lpop(self.keys.epoch_queue, count) or [])]
+
+    async def _refill_epoch(self, seed: int,
+                            shuffle: Callable[[list[str], int], list[str]]) -> bool:
+        """Queue the next epoch (unless another replica just did); False when the pool is empty."""
+        k = self.keys
+        epoch = int(await self.redis.get(k.epoch) or 0)
+        ids = sorted(text(x) for x in await self.redis.hkeys(k.prompts))
+        if not ids:
+            return False
+        order = shuffle(ids, seed * 1_000_003 + epoch)
+        await self._script("refill_epoch", dict(seen_epoch=epoch, prompt_ids=" ".join(order)))
+        return True
 
     @unavailable_on_redis_error
     async def unpop_epoch(self, pids: list[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
@@ -54,6 +55,22 @@ async def test_epoch_visits_every_prompt_once_then_refills_once(store):
     assert int(await store.redis.get(store.keys.epoch)) == 1
     await store.pop_epoch(1, 0, rev)
     assert int(await store.redis.get(store.keys.epoch)) == 2
+
+
+async def test_leases_that_find_the_epoch_dry_together_refill_it_once(store):
+    """Every lease in flight finds the queue short at the same moment: one of them reads and
+    shuffles the pool, the others wait for it and pop from the new epoch."""
+    await store.add_prompts([(f"p{i}", PromptIn(prompt=str(i))) for i in range(19)], 1, 1, 0)
+    shuffles = []
+
+    def counting(ids, seed):
+        shuffles.append(seed)
+        return list(reversed(ids))
+
+    popped = await asyncio.gather(*(store.pop_epoch(5, 0, counting) for _ in range(4)))
+    assert len(shuffles) == 1
+    flat = [pid for part in popped for pid in part]
+    assert [len(part) for part in popped] == [5] * 4 and len(set(flat)) == 20  # 19 + fixture's
 
 
 async def test_refill_by_two_replicas_that_saw_the_same_epoch_happens_once(store):
