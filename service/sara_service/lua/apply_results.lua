@@ -61,11 +61,14 @@ local function hmget_map(key, ids)
   return out
 end
 
--- slot states: every reported rollout's at once; a group's other slots when it is cancelled
-local rids, gids_seen, gids = {}, {}, {}
+-- slot states: every reported rollout's at once; a group's other slots when it is cancelled.
+-- Each rollout id is split into group id and slot once, here (rgid[i] is nil for an id that
+-- names no slot).
+local rids, rgid, rsl, gids_seen, gids = {}, {}, {}, {}, {}
 for i = 1, count do
   rids[i] = arg(i, 1)
-  local gid = string.match(rids[i], '^(.*):%d+$')
+  local gid, sl = string.match(rids[i], '^(.*):(%d+)$')
+  rgid[i], rsl[i] = gid, sl
   if gid and not gids_seen[gid] then gids_seen[gid] = tonumber(arg(i, 2)); gids[#gids + 1] = gid end
 end
 local slot = hmget_map(S, rids)
@@ -77,10 +80,10 @@ local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'th
   'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps'}
 local per_group_slots = {}
 for i = 1, count do
-  local gid, sl = string.match(rids[i], '^(.*):(%d+)$')
+  local gid = rgid[i]
   if gid then
     local list = per_group_slots[gid] or {}
-    list[#list + 1] = sl
+    list[#list + 1] = rsl[i]
     per_group_slots[gid] = list
   end
 end
@@ -106,7 +109,7 @@ end
 
 local unknown = {}
 for i = 1, count do
-  local gid = string.match(rids[i], '^(.*):%d+$')
+  local gid = rgid[i]
   -- a rollout id names its group's key in KEYS: the key must be the one for this id
   if not slot[rids[i]] or not gid or not groups[gid] or KEYS[tonumber(arg(i, 2))] ~= groups[gid].key then
     unknown[#unknown + 1] = rids[i]
@@ -413,7 +416,7 @@ local accepted, dups, late, released, tokens, newest = 0, 0, 0, 0, 0, -1
 local decided, order = {}, {}
 for i = 1, count do
   local rid, success = rids[i], tonumber(arg(i, 3))
-  local gid, sl = string.match(rid, '^(.*):(%d+)$')
+  local gid, sl = rgid[i], rsl[i]
   local g = groups[gid]
   tokens = tokens + tonumber(arg(i, 4))
   newest = math.max(newest, tonumber(arg(i, 5)))
