@@ -3,6 +3,8 @@ is delivered when it ends mixed, and every step is counted."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from sara_client.models import PromptIn
@@ -79,8 +81,18 @@ async def test_the_audit_draw_is_a_fair_share_of_groups_and_fresh_on_each_visit(
     flags = [await group_field(store, gid, "audit") for gid, _, _ in groups]
     audited = flags.count("1")
     assert 200 - 4 * 13.4 < audited < 200 + 4 * 13.4  # binomial(2000, 0.1): sd 13.4
+    assert flags == [documented_draw(3, f"q{i}", 0, 0.1) for i in range(2000)]
     # the same seed, prompt and visit give the same draw; the next visit draws afresh
     again = [(f"h{i}", f"q{i}", plan) for i in range(2000)]
     await store.open_groups(0.0, 10**9, again, "complete", 0, 0.1, 3)
     second = [await group_field(store, gid, "audit") for gid, _, _ in again]
     assert second != flags and 200 - 4 * 13.4 < second.count("1") < 200 + 4 * 13.4
+    assert second == [documented_draw(3, f"q{i}", 1, 0.1) for i in range(2000)]
+
+
+def documented_draw(seed: int, pid: str, visit: int, fraction: float) -> str:
+    """_open.lua's audit flag as its comment (and the allocation bench's model) state it: the
+    first 48 bits of sha1("seed:prompt:visit") below the fraction. A replica or model drawing
+    otherwise would audit other groups than the one it agrees with."""
+    digest = hashlib.sha1(f"{seed}:{pid}:{visit}".encode()).hexdigest()
+    return "1" if int(digest[:12], 16) / 2**48 < fraction else "0"

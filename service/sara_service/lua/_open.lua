@@ -11,7 +11,8 @@
 
 -- A group is audited by a hash of (seed, prompt, visit), not by its outcomes, so the audited
 -- groups are a uniform sample of the ones SARA would abandon; a hash keeps any replica and the
--- reference model in agreement where a random draw would not.
+-- reference model in agreement where a random draw would not. The draw: the first 48 bits of
+-- sha1("<seed>:<prompt id>:<visit>") as a fraction of 2^48, audited when below audit_fraction.
 local function audit_draw(audit_fraction, seed, pid, visit)
   if audit_fraction <= 0 then return 0 end
   local h = tonumber(string.sub(redis.sha1hex(seed .. ':' .. pid .. ':' .. visit), 1, 12), 16)
