@@ -1,10 +1,12 @@
 -- Opening groups, put in front of the scripts that open them (redis_format.ScriptSpec.library):
 -- open_groups.lua, and lease.lua, which opens groups itself when its queue runs short so that a
 -- lease of a uniform-prior run is one call, not four.
--- open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed) opens the specs in
--- order while the expected yield stays under the target (both in yield units) and returns how
--- many it consumed (opened, or passed over because the prompt is disabled or deleted: a prefix
--- of the list). K names the keys: stats, open (open_groups zset), pending, slots, states
+-- open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed, direct) opens the
+-- specs in order while the expected yield stays under the target (both in yield units) and
+-- returns how many it consumed (opened, or passed over because the prompt is disabled or
+-- deleted: a prefix of the list) and the first `direct` new rollout ids (0 from open_groups.lua):
+-- the caller leases those itself, so they are neither queued nor marked pending here (lease.lua
+-- calls it on an empty queue, where they are exactly what its next pop would take). K names the keys: stats, open (open_groups zset), pending, slots, states
 -- (group_states), prompt (group_prompt), posteriors, off (prompts_off), yield (open_yield), wake;
 -- group_key(i) is the i-th spec's group hash. A spec is {gid, pid, k, thr_f, thr_s, issue, pf,
 -- ps, p0, deliver_sat, commit}: pf and ps the p_eff tables as JSON text, stored verbatim.
@@ -19,8 +21,10 @@ local function audit_draw(audit_fraction, seed, pid, visit)
   return (h / 281474976710656 < audit_fraction) and 1 or 0
 end
 
-local function open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed)
-  if #specs == 0 then return 0 end
+local function open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed,
+                          direct)
+  local handed = {}
+  if #specs == 0 then return 0, handed end
   -- what every spec may need, read at once: disabled prompts and posteriors
   local pids = {}
   for i, g in ipairs(specs) do pids[i] = g.pid end
@@ -57,8 +61,12 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
       zadds[#zadds + 1] = p0; zadds[#zadds + 1] = g.gid
       for slot = 0, g.issue - 1 do
         local rid = g.gid .. ':' .. slot
-        slots[#slots + 1] = rid; slots[#slots + 1] = 'p'
-        pushes[#pushes + 1] = rid
+        if #handed < direct then
+          handed[#handed + 1] = rid
+        else
+          slots[#slots + 1] = rid; slots[#slots + 1] = 'p'
+          pushes[#pushes + 1] = rid
+        end
       end
       issued = issued + g.issue
       opened = opened + 1
@@ -68,7 +76,7 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
     end
     consumed = consumed + 1
   end
-  if opened == 0 then return consumed end
+  if opened == 0 then return consumed, handed end
   call_chunked('HSET', K.states, states)
   call_chunked('HSET', K.prompt, prompts)
   call_chunked('ZADD', K.open, zadds)
@@ -83,5 +91,5 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
   redis.call('HINCRBY', K.stats, 'rollouts_issued', issued)
   redis.call('HINCRBY', K.stats, 'groups_opened', opened)
   redis.call('XADD', K.wake, 'MAXLEN', '~', 64, '*', 'w', 'lease')
-  return consumed
+  return consumed, handed
 end

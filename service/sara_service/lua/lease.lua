@@ -97,8 +97,15 @@ local function open_for_rest()
   local K = {stats = KEYS[4], open = KEYS[18], pending = KEYS[1], slots = KEYS[2],
     states = KEYS[19], prompt = KEYS[9], posteriors = KEYS[20], off = KEYS[21],
     yield = KEYS[17], wake = KEYS[15]}
-  local consumed = open_specs(K, specs, function(i) return KEYS[22 + i] end, target, expected,
-    ARGV[1], tonumber(ARGV[11]), ARGV[12])
+  -- the queue is empty here (take() popped it dry): the new rollouts it would pop next are
+  -- handed over directly instead of queued, marked pending, popped and read back
+  local consumed, handed = open_specs(K, specs, function(i) return KEYS[22 + i] end, target,
+    expected, ARGV[1], tonumber(ARGV[11]), ARGV[12], want - got)
+  for _, rid in ipairs(handed) do
+    seen[rid] = true
+    taken[#taken + 1] = rid
+    got = got + 1
+  end
   if consumed < #pids then
     local back = {}
     for i = #pids, consumed + 1, -1 do back[#back + 1] = pids[i] end
@@ -118,13 +125,22 @@ if got > 0 then
   call_chunked('HSET', KEYS[2], slots)
   call_chunked('ZADD', KEYS[3], scored)
   call_chunked('SADD', KEYS[7], taken)
-  local pids = redis.call('HMGET', KEYS[9], unpack(gids))
-  -- each prompt's content once, however many of its group's rollouts are leased
+  -- each group's prompt looked up once, and each prompt's content sent once, however many of
+  -- its rollouts are leased
+  local group_list, group_seen = {}, {}
+  for _, gid in ipairs(gids) do
+    if not group_seen[gid] then group_seen[gid] = true; group_list[#group_list + 1] = gid end
+  end
+  local pid_of = {}
+  for i, pid in ipairs(redis.call('HMGET', KEYS[9], unpack(group_list))) do
+    pid_of[group_list[i]] = pid
+  end
   local unique, seen_pid = {}, {}
   for i, rid in ipairs(taken) do
+    local pid = pid_of[gids[i]]
     out[#out + 1] = rid
-    out[#out + 1] = pids[i]
-    if not seen_pid[pids[i]] then seen_pid[pids[i]] = true; unique[#unique + 1] = pids[i] end
+    out[#out + 1] = pid
+    if not seen_pid[pid] then seen_pid[pid] = true; unique[#unique + 1] = pid end
   end
   local content = redis.call('HMGET', KEYS[10], unpack(unique))
   local retired = nil

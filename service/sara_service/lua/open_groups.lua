@@ -27,5 +27,5 @@ if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[1], 'groups_skipped', A
 local K = {stats = KEYS[1], open = KEYS[2], pending = KEYS[4], slots = KEYS[5],
   states = KEYS[6], prompt = KEYS[7], posteriors = KEYS[8], off = KEYS[10], yield = KEYS[11],
   wake = KEYS[12]}
-return open_specs(K, specs, function(i) return KEYS[12 + i] end, target, expected, ARGV[1],
-  tonumber(ARGV[5]), ARGV[6])
+return (open_specs(K, specs, function(i) return KEYS[12 + i] end, target, expected, ARGV[1],
+  tonumber(ARGV[5]), ARGV[6], 0))
