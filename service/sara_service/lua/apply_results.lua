@@ -75,25 +75,24 @@ local slot = hmget_map(S, rids)
 local slot_writes = {}
 local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 
--- groups: the fields decisions read, and the per-slot fields of the slots reported here
+-- groups: the fields decisions read, and the per-slot fields of the slots reported here (a
+-- slot's error count only with a worker error for it: each field read costs as much as the rest)
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
   'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps'}
-local per_group_slots = {}
+local per_group_fields = {}
 for i = 1, count do
   local gid = rgid[i]
   if gid then
-    local list = per_group_slots[gid] or {}
-    list[#list + 1] = rsl[i]
-    per_group_slots[gid] = list
+    local list = per_group_fields[gid] or {}
+    list[#list + 1] = 'learned:' .. rsl[i]
+    if tonumber(arg(i, 3)) == -2 then list[#list + 1] = 'errors:' .. rsl[i] end
+    per_group_fields[gid] = list
   end
 end
 local groups = {}
 for _, gid in ipairs(gids) do
   local fields = {unpack(GROUP_FIELDS)}
-  for _, sl in ipairs(per_group_slots[gid]) do
-    fields[#fields + 1] = 'learned:' .. sl
-    fields[#fields + 1] = 'errors:' .. sl
-  end
+  for _, field in ipairs(per_group_fields[gid]) do fields[#fields + 1] = field end
   local gkey = KEYS[gids_seen[gid]]
   local v = redis.call('HMGET', gkey, unpack(fields))
   if v[1] then
