@@ -61,7 +61,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import orjson
+
 from .allocation import GroupPlan
+from .keys import split_rollout_id
 
 # --- slot states ---------------------------------------------------------------------------------
 
@@ -289,3 +292,34 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("prune_workers", "workers worker_info cancels", "seen_before limit"),
 )}
 
+
+def results_arg(results: Sequence[Any], successes: Sequence[int], versions: Sequence[int]
+                ) -> tuple[bytes, list[str], list[str]]:
+    """apply_results.lua's `results` argument (RolloutResult models in), every result in one JSON
+    list (packing six arguments per result cost the client more than the script's work; orjson,
+    as the json module's encoder was a visible share of a report); the groups whose hashes follow
+    the fixed KEYS, in that order; and the ids that are no rollout id at all (the call must not be
+    made then). `versions` is each result's policy version (its own, or its lease's)."""
+    first = SCRIPTS["apply_results"].first_more_key
+    group_index: dict[str, int] = {}
+    unknown: list[str] = []
+    rows = []
+    for r, ok, version in zip(results, successes, versions):
+        parsed = split_rollout_id(r.rollout_id)
+        if parsed is None:
+            unknown.append(r.rollout_id)
+            continue
+        idx = group_index.setdefault(parsed[0], first + len(group_index))
+        rows.append([r.rollout_id, idx, ok, r.completion_tokens, version, result_blob(r, version)])
+    return orjson.dumps(rows), list(group_index), unknown
+
+
+def result_blob(r: Any, version: int) -> str:
+    """A result as stored (`r:<slot>`): the RolloutResult's JSON without unset fields, with its
+    policy version. One without a version of its own gets the filled-in one appended to its dump
+    (the object always has rollout_id before it): a model_copy per result cost more than the rest
+    of the call's packing."""
+    blob = r.model_dump_json(exclude_none=True)
+    if r.policy_version is not None:
+        return blob
+    return f'{blob[:-1]},"policy_version":{int(version)}}}'

@@ -91,39 +91,6 @@ class AppliedResults:
     replayed: bool = False  # the stored answer of a report id applied before
 
 
-def _result_args(results: list[RolloutResult], successes: list[int], versions: list[int]
-                 ) -> tuple[bytes, list[str]]:
-    """apply_results.lua's `results` argument, every result in one JSON list (packing six
-    arguments per result cost the client more than the script's work; orjson, as the json
-    module's encoder was a visible share of a report), and the groups whose
-    hashes follow the fixed KEYS, in that order. `versions` is each result's policy version (its
-    own, or its lease's). UnknownRollouts for an id that is no rollout id at all."""
-    first = SCRIPTS["apply_results"].first_more_key
-    group_index: dict[str, int] = {}
-    unknown: list[str] = []
-    rows = []
-    for r, ok, version in zip(results, successes, versions):
-        parsed = split_rollout_id(r.rollout_id)
-        if parsed is None:
-            unknown.append(r.rollout_id)
-            continue
-        idx = group_index.setdefault(parsed[0], first + len(group_index))
-        rows.append([r.rollout_id, idx, ok, r.completion_tokens, version, _result_blob(r, version)])
-    if unknown:
-        raise UnknownRollouts(unknown)
-    return orjson.dumps(rows), list(group_index)
-
-
-def _result_blob(r: RolloutResult, version: int) -> str:
-    """The stored result JSON, with its policy version. One without a version of its own gets
-    the filled-in one appended to its dump (the object always has rollout_id before it): a
-    model_copy per result cost more than the rest of the call's packing."""
-    blob = r.model_dump_json(exclude_none=True)
-    if r.policy_version is not None:
-        return blob
-    return f'{blob[:-1]},"policy_version":{int(version)}}}'
-
-
 class Store(RunControl, StoreReads):
     """All Redis access of one namespace."""
 
@@ -302,7 +269,9 @@ class Store(RunControl, StoreReads):
         authenticated worker id) ignores results for rollouts another worker holds.
         """
         versions = await self._lease_versions(worker_id, results)
-        results_json, groups = _result_args(results, successes, versions)
+        results_json, groups, unknown = rf.results_arg(results, successes, versions)
+        if unknown:
+            raise UnknownRollouts(unknown)
         out = await self._script(
             "apply_results",
             # Lua cannot read "inf" portably: 0 stands for no half-life
