@@ -17,8 +17,8 @@ and the backend then runs ``POST /pause?mode=wait``, ``POST /collective_rpc {"me
 ``POST /resume`` and ``POST /update_weight_version`` with ``"<version>@<checkpoint>"``; all of it
 is skipped when ``GET /weight_info`` already shows that tag (another worker reloaded the shared
 server). ``sara_reload_weights`` is SARA's vLLM worker extension (start the server with
-``--worker-extension-cls sara_worker.backends.vllm.SaraWorkerExtension``): vLLM's own
-``reload_weights`` plus a repair of tied output heads (see :mod:`sara_worker.backends.vllm`); a
+``--worker-extension-cls sara_worker.backends.vllm_extension.SaraWorkerExtension``): vLLM's own
+``reload_weights`` plus a repair of tied output heads (see :mod:`sara_worker.backends.vllm_extension`); a
 server without it gets plain ``reload_weights``. The checkpoint path must be readable by the
 server. Anywhere else (``weight_update="none"``, a server without those endpoints, a policy
 without a checkpoint) the backend logs that the weights are managed by the server and only

@@ -17,7 +17,7 @@ Weights. When the policy version moves to a checkpoint directory, the weights ar
 place, between ``pause_generation(mode="wait")`` and ``resume_generation()``: ``collective_rpc(
 "sara_reload_weights", kwargs={"weights_path": checkpoint})`` runs, on every vLLM worker, vLLM's
 own ``reload_weights(weights_path=...)`` (the engine's loader re-reads the checkpoint into the
-running model) and then repairs tied output heads (see :class:`SaraWorkerExtension`, installed
+running model) and then repairs tied output heads (see ``vllm_extension.SaraWorkerExtension``, installed
 with the engine argument ``worker_extension_cls``; a caller who brings their own extension gets
 plain ``collective_rpc("reload_weights", ...)``). Then ``reset_prefix_cache()`` (cached KV blocks
 were computed by the old weights) and ``update_weight_version(str(version))``, so the engine's
@@ -53,55 +53,14 @@ from sara_client.models import Rollout
 from .base import BaseBackend, Generation, ObservableProgress
 from .vllm_caps import (WeightUpdatePlan, plan_weight_updates, reload_asleep,
                         worker_reload_supported)
+# also importable from here: the path `vllm serve --worker-extension-cls` was first given
+from .vllm_extension import SaraWorkerExtension  # noqa: F401
 
 log = logging.getLogger("sara.worker.vllm")
 
 WEIGHT_UPDATES = ("auto", "reload", "rebuild")
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
-EXTENSION = "sara_worker.backends.vllm.SaraWorkerExtension"
-
-
-class SaraWorkerExtension:
-    """Methods added to every vLLM worker (``worker_extension_cls``), called by collective_rpc.
-
-    ``sara_reload_weights(weights_path)`` runs vLLM's own in-place ``reload_weights`` and then
-    repairs the output head of models that tie it to the input embedding. The checkpoint has no
-    ``lm_head.weight`` of its own, so vLLM's layer-wise reload fills the embedding but treats the
-    head as "not loaded" and puts its old state back: on CPU its prepacked GEMM copy of the old
-    weight (``cpu_linear``), which silently keeps the old output projection. The head is re-tied
-    to the embedding and its weight processing re-run. Returns ``{"heads": n}`` (heads repaired).
-    """
-
-    def sara_reload_weights(self, weights_path: str) -> dict:
-        if not hasattr(self, "reload_weights"):
-            raise NotImplementedError("this vLLM worker has no reload_weights")
-        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
-        return {"heads": self.sara_refresh_tied_heads()}
-
-    def sara_refresh_tied_heads(self) -> int:
-        from vllm.model_executor.layers.vocab_parallel_embedding import (
-            ParallelLMHead, UnquantizedEmbeddingMethod, VocabParallelEmbedding,
-        )
-
-        config = self.vllm_config.model_config.hf_config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if not getattr(text_config, "tie_word_embeddings", False):
-            return 0
-        model = self.model_runner.get_model()
-        heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
-        embeddings = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)
-                      and not isinstance(m, ParallelLMHead)]
-        if len(heads) != 1 or len(embeddings) != 1:
-            return 0
-        head, embedding = heads[0], embeddings[0]
-        if head.weight.shape != embedding.weight.shape:
-            return 0
-        if head.weight is not embedding.weight:
-            head.weight = embedding.weight
-        method = getattr(head, "quant_method", None)
-        if isinstance(method, UnquantizedEmbeddingMethod):
-            method.process_weights_after_loading(head)
-        return 1
+EXTENSION = "sara_worker.backends.vllm_extension.SaraWorkerExtension"
 
 
 @dataclasses.dataclass
