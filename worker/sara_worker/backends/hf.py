@@ -31,13 +31,13 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-import math
 from typing import Any
 
 from sara_client.chat import render_prompt
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
+from .hf_sampling import sample
 
 log = logging.getLogger("sara.worker.hf")
 
@@ -362,34 +362,9 @@ class HFBackend(ObservableProgress, BaseBackend):
         return self._sample(out.logits[:, -1, :], rows)
 
     def _sample(self, logits: Any, rows: list[_Request]) -> list[tuple[int, float]]:
-        """One token per row (temperature, top-p, per-row generator) and its raw logprob."""
-        import torch
-
-        logits = logits.float()
-        raw = torch.log_softmax(logits, dim=-1)
-        temps = torch.tensor([r.temperature for r in rows], device=logits.device)
-        greedy = temps <= 0
-        tokens = logits.argmax(dim=-1)
-        sampled_rows = (~greedy).nonzero().flatten().tolist()
-        if sampled_rows:
-            index = torch.tensor(sampled_rows, device=logits.device)
-            sub = logits.index_select(0, index) / temps.index_select(0, index).unsqueeze(1)
-            probs = torch.softmax(sub, dim=-1)
-            top_p = torch.tensor([rows[i].top_p for i in sampled_rows], device=logits.device)
-            if bool((top_p < 1).any()):
-                sorted_p, order = probs.sort(dim=-1, descending=True)
-                before = sorted_p.cumsum(dim=-1) - sorted_p
-                sorted_p = sorted_p.masked_fill(before >= top_p.unsqueeze(1), 0.0)
-                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-            cdf = probs.cumsum(dim=-1)
-            uniform = self._uniforms([rows[i] for i in sampled_rows]).to(logits.device)
-            target = (uniform * cdf[:, -1]).unsqueeze(1)
-            picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
-            picked = picked.clamp(max=logits.shape[-1] - 1)
-            tokens = tokens.index_copy(0, index, picked)
-        chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1)
-        return [(int(t), float(lp) if math.isfinite(float(lp)) else -math.inf)
-                for t, lp in zip(tokens.tolist(), chosen.tolist())]
+        """One token per row and its raw logprob (see `hf_sampling.sample`)."""
+        return sample(logits, [r.temperature for r in rows], [r.top_p for r in rows],
+                      lambda picked: self._uniforms([rows[i] for i in picked]))
 
     def _uniforms(self, rows: list[_Request]) -> Any:
         """One uniform in [0, 1) per row: a seeded row's from its own generator."""
