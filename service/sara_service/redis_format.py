@@ -279,7 +279,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "wake",
           "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only "
           "results",
-          more_keys="group",
+          more_keys="group", more_args=("result_json",),
           replies=("replay", "unknown", "ok", *DECISIONS)),
     _spec("group_results", "", "k", more_keys="group"),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
@@ -293,25 +293,39 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
 )}
 
 
+@dataclass
+class ResultsArg:
+    """apply_results.lua's arguments for a report: `rows`, the `results` argument (one JSON list
+    of each result's id, group key index, success, tokens and version: packing five arguments per
+    result cost the client more than the script's work; orjson, as the json module's encoder was a
+    visible share of a report); `blobs`, each result's stored JSON, one argument each after the
+    fixed ones (inside the list they were strings cjson had to unescape); `groups`, whose hashes
+    follow the fixed KEYS, in that order; `unknown`, the ids that are no rollout id at all (the
+    call must not be made then)."""
+
+    rows: bytes
+    blobs: list[str]
+    groups: list[str]
+    unknown: list[str]
+
+
 def results_arg(results: Sequence[Any], successes: Sequence[int], versions: Sequence[int]
-                ) -> tuple[bytes, list[str], list[str]]:
-    """apply_results.lua's `results` argument (RolloutResult models in), every result in one JSON
-    list (packing six arguments per result cost the client more than the script's work; orjson,
-    as the json module's encoder was a visible share of a report); the groups whose hashes follow
-    the fixed KEYS, in that order; and the ids that are no rollout id at all (the call must not be
-    made then). `versions` is each result's policy version (its own, or its lease's)."""
+                ) -> ResultsArg:
+    """`ResultsArg` of RolloutResult models; `versions` is each result's policy version (its own,
+    or its lease's)."""
     first = SCRIPTS["apply_results"].first_more_key
     group_index: dict[str, int] = {}
     unknown: list[str] = []
-    rows = []
+    rows, blobs = [], []
     for r, ok, version in zip(results, successes, versions):
         parsed = split_rollout_id(r.rollout_id)
         if parsed is None:
             unknown.append(r.rollout_id)
             continue
         idx = group_index.setdefault(parsed[0], first + len(group_index))
-        rows.append([r.rollout_id, idx, ok, r.completion_tokens, version, result_blob(r, version)])
-    return orjson.dumps(rows), list(group_index), unknown
+        rows.append([r.rollout_id, idx, ok, r.completion_tokens, version])
+        blobs.append(result_blob(r, version))
+    return ResultsArg(orjson.dumps(rows), blobs, list(group_index), unknown)
 
 
 def result_blob(r: Any, version: int) -> str:

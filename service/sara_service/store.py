@@ -269,9 +269,9 @@ class Store(RunControl, StoreReads):
         authenticated worker id) ignores results for rollouts another worker holds.
         """
         versions = await self._lease_versions(worker_id, results)
-        results_json, groups, unknown = rf.results_arg(results, successes, versions)
-        if unknown:
-            raise UnknownRollouts(unknown)
+        packed = rf.results_arg(results, successes, versions)
+        if packed.unknown:
+            raise UnknownRollouts(packed.unknown)
         out = await self._script(
             "apply_results",
             # Lua cannot read "inf" portably: 0 stands for no half-life
@@ -279,10 +279,10 @@ class Store(RunControl, StoreReads):
                  retention_s=retention_s,
                  half_life=repr(half_life) if math.isfinite(half_life) else 0,
                  count=len(results), report_ttl_s=report_ttl_s if report_id else 0,
-                 holder_only=int(holder_only), results=results_json),
+                 holder_only=int(holder_only), results=packed.rows),
             # without a report id the script never touches KEYS[16]: any key of the run will do
             dict(report=self.keys.report(worker_id, report_id) if report_id else self.keys.stats),
-            more_keys=[self.keys.group(g) for g in groups])
+            more_keys=[self.keys.group(g) for g in packed.groups], more_args=packed.blobs)
         if text(out[0]) == Reply.UNKNOWN:
             raise UnknownRollouts([text(x) for x in out[1]])
         replayed = text(out[0]) == Reply.REPLAY

@@ -15,8 +15,11 @@
 -- ARGV[10] = holder_only: 1 when the worker id is authenticated (per-worker credentials): a
 --            result for a rollout that another worker holds is then ignored (a duplicate)
 -- ARGV[11] = results: JSON list, each [rollout id, index of its group key in KEYS, success
---            (1/0/-1/-2), tokens, policy version, result JSON (a string)]: one argument, not six
---            per result, for the client to pack
+--            (1/0/-1/-2), tokens, policy version]: one argument, not five per result, for the
+--            client to pack
+-- ARGV[12..] = result_json, ... (one per result in list order)
+--            each the JSON stored as r:<slot>, an argument of its own (inside the list it was a
+--            string cjson had to unescape)
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
 --         {'ok', accepted, duplicates, late, {group id, decision, ...}, cancel ids for this worker,
 --          released}, or {'replay', JSON of that answer} when this report id was applied before:
@@ -449,7 +452,7 @@ for i = 1, count do
       late = late + 1
       if copy_holder then set_slot(rid, 'd') end
     else
-      decision = fill(rid, g, sl, success, st, tonumber(arg(i, 5)), arg(i, 6))
+      decision = fill(rid, g, sl, success, st, tonumber(arg(i, 5)), ARGV[11 + i])
       accepted = accepted + 1
     end
     if not decided[gid] then order[#order + 1] = gid end
