@@ -6,8 +6,9 @@
 -- returns how many it consumed (opened, or passed over because the prompt is disabled or
 -- deleted: a prefix of the list) and the first `direct` new rollout ids (0 from open_groups.lua):
 -- the caller leases those itself, so they are neither queued nor marked pending here (lease.lua
--- calls it on an empty queue, where they are exactly what its next pop would take). K names the keys: stats, open (open_groups zset), pending, slots, states
--- (group_states), prompt (group_prompt), posteriors, off (prompts_off), yield (open_yield), wake;
+-- calls it on an empty queue, where they are exactly what its next pop would take).
+-- K names the keys: stats, open (open_groups zset), pending, slots, states (group_states),
+-- prompt (group_prompt), posteriors, off (prompts_off), yield (open_yield), wake;
 -- group_key(i) is the i-th spec's group hash. A spec is {gid, pid, k, thr_f, thr_s, issue, pf,
 -- ps, p0, deliver_sat, commit}: pf and ps the p_eff tables as JSON text, stored verbatim.
 

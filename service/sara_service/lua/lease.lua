@@ -98,20 +98,17 @@ local function open_for_rest()
     states = KEYS[19], prompt = KEYS[9], posteriors = KEYS[20], off = KEYS[21],
     yield = KEYS[17], wake = KEYS[15]}
   -- the queue is empty here (take() popped it dry): the new rollouts it would pop next are
-  -- handed over directly instead of queued, marked pending, popped and read back
+  -- handed over directly instead of queued, marked pending, popped and read back; only those
+  -- past what the lease wants are queued, so nothing is left for another take()
   local consumed, handed = open_specs(K, specs, function(i) return KEYS[22 + i] end, target,
     expected, ARGV[1], tonumber(ARGV[11]), ARGV[12], want - got)
-  for _, rid in ipairs(handed) do
-    seen[rid] = true
-    taken[#taken + 1] = rid
-    got = got + 1
-  end
+  for _, rid in ipairs(handed) do taken[#taken + 1] = rid end
+  got = got + #handed
   if consumed < #pids then
     local back = {}
     for i = #pids, consumed + 1, -1 do back[#back + 1] = pids[i] end
     redis.call('LPUSH', KEYS[22], unpack(back))
   end
-  take()
 end
 if got < want and ARGV[10] ~= '' then open_for_rest() end
 local out, prompts = {}, {}
