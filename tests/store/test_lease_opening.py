@@ -64,10 +64,11 @@ async def _four_calls(store: Store, want: int, target: int, gids: tuple[str, ...
     return grant, ids + [r.rollout_id for r in more.rollouts]
 
 
-@pytest.mark.parametrize("want, target", [(20, 3), (64, 100), (4, 100)])
+@pytest.mark.parametrize("want, target", [(20, 3), (64, 100), (6, 100), (4, 100)])
 async def test_a_lease_that_opens_groups_leaves_what_the_four_calls_left(redis_url, want, target):
     """(20, 3): flow control stops the opening midway and a popped prompt goes back;
-    (64, 100): every popped prompt opens; (4, 100): the queue fills the lease, nothing opens."""
+    (64, 100): every popped prompt opens; (6, 100): the group opened for the last two rollouts
+    hands two over and queues the other two; (4, 100): the queue fills the lease, nothing opens."""
     client = connect(redis_url)
     try:
         fused, apart = Store(client, "fused"), Store(client, "apart")

@@ -62,7 +62,8 @@ def test_a_meta_integer_past_64_bits_is_written_by_the_model():
 
 
 def _blob(**fields) -> bytes:
-    """A result as the store writes it (redis_format.result_blob: exclude_none, version filled in)."""
+    """A result as the store writes it (redis_format.result_blob: exclude_none, its version
+    filled in)."""
     result = RolloutResult(rollout_id="g1:0", reward=1.0, completion="x", **fields)
     return result.model_dump_json(exclude_none=True).encode()
 
