@@ -145,29 +145,36 @@ def _manifest(out: Path, recipe: WarmstartRecipe, sft_figures: dict[str, Any],
         "heldout_greedy_accuracy_before_slips": clean["accuracy"],
         "heldout_greedy_accuracy": accuracy["accuracy"],
         "heldout_by_bucket": accuracy["by_bucket"],
-        "made_with": _versions(),
+        "made_with": library_versions(),
         "sha256": {p.name: file_sha256(p) for p in sorted(out.iterdir())
                    if p.is_file() and p.name != MANIFEST},
     }
 
 
-def _versions() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
+    """The versions a warm start was made with (its weights depend on them)."""
     from importlib.metadata import version
 
     return {"python": platform.python_version(), "torch": version("torch"),
             "transformers": version("transformers"), "machine": platform.machine()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m sara_demo.warmstart --out DIR``: rebuild the warm start."""
+def rebuild_main(build: Any, description: str, argv: list[str] | None = None) -> None:
+    """A rebuild command's main: ``--out DIR [--no-progress]``, then ``build(out, progress=)``;
+    prints the figures the manifest records."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    manifest = build_warmstart(args.out, progress=not args.no_progress)
+    manifest = build(args.out, progress=not args.no_progress)
     print(json.dumps({k: manifest[k] for k in ("sft", "heldout_greedy_accuracy")}, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m sara_demo.warmstart --out DIR``: rebuild the warm start."""
+    rebuild_main(build_warmstart, main.__doc__, argv)
 
 
 if __name__ == "__main__":
