@@ -47,6 +47,7 @@ class DemoConfig:
     eval_every_rollouts: int | None = 1_000  # held-out evaluation every this many rollouts
     compare: bool = True                # run Dynamic Sampling after SARA, to the same rollouts
     trainer_options: dict[str, Any] = field(default_factory=dict)  # more TrainerConfig fields
+    scheduler_options: dict[str, Any] = field(default_factory=dict)  # more scheduler settings
     report_to: str = "none"             # experiment tracking of each arm, as sara train's
 
     @classmethod

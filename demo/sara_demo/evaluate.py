@@ -59,6 +59,20 @@ def greedy_accuracy(model, tokenizer, eval_set: Sequence[PromptLike], max_new_to
             "counts": {b: len(hits[b]) for b in names}}
 
 
+def group_kinds(model, tokenizer, prompts: Sequence[PromptLike], k: int = 8,
+                temperature: float = 1.0, max_new_tokens: int = 8,
+                generator: torch.Generator | None = None, batch_size: int = 1024) -> list[str]:
+    """Sample k per prompt; each prompt's group as ``all_fail``, ``mixed`` or ``all_success``
+    (a reward of at least 0.5 is a success), in the order of `prompts`."""
+    samples = sample(model, tokenizer, prompts, k=k, max_new_tokens=max_new_tokens,
+                     temperature=temperature, generator=generator, batch_size=batch_size)
+    kinds = []
+    for i, prompt in enumerate(prompts):
+        s = sum(_score(prompt, c) >= 0.5 for c in samples.group(i))
+        kinds.append("all_fail" if s == 0 else "all_success" if s == k else "mixed")
+    return kinds
+
+
 def group_outcomes(model, tokenizer, prompts: Sequence[PromptLike], k: int = 8,
                    temperature: float = 1.0, max_new_tokens: int = 8,
                    generator: torch.Generator | None = None, batch_size: int = 1024

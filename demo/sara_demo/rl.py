@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from .config import DemoConfig, say
@@ -67,19 +68,26 @@ def _make_backend(cfg: DemoConfig, model_dir: str):
 
 
 async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], eval_set,
-                 before: dict, deadline: float, label: str = "") -> tuple:
+                 before: dict, deadline: float, label: str = "", *,
+                 evaluator: Callable[[Any, Any], dict[str, Any]] | None = None,
+                 batch_size: Callable[[list[dict]], int | None] | None = None) -> tuple:
     """One RL run from `sft_dir` under ``cfg.policy``; returns (trainer, the scheduler's final
-    stats, the worker's counters, one history entry per step, the held-out evaluations)."""
+    stats, the worker's counters, one history entry per step, the held-out evaluations).
+
+    ``evaluator(model, tokenizer)`` replaces the held-out evaluation (its dict, with at least
+    ``accuracy``, goes into each evaluation record); ``batch_size(history)`` chooses how many
+    groups each step asks for (see :class:`sara_trainer.loop.Trainer`)."""
     import sara_client
 
     tcfg = _trainer_config(cfg, work, sft_dir)
-    steps = _StepLog(cfg, tcfg, eval_set, before, label)
+    steps = _StepLog(cfg, tcfg, eval_set, before, label, evaluator)
     backend = _make_backend(cfg, sft_dir)
+    steps.engine = backend
     async with sara_client.alocal(data_dir=work / "redis", **_scheduler_settings(cfg)) as client:
         for i in range(0, len(prompts), 1000):
             await client.add_prompts(prompts[i:i + 1000])
         trainer, counters, out_of_time = await _train_and_work(cfg, tcfg, client, backend, steps,
-                                                               deadline)
+                                                               deadline, batch_size)
         stats = await client.stats()
     _check_end(cfg, trainer, out_of_time, steps.budget_spent.is_set())
     return trainer, stats, counters, steps.history, steps.evals
@@ -91,20 +99,21 @@ def _scheduler_settings(cfg: DemoConfig) -> dict[str, Any]:
                 group_size=cfg.group_size, batch_size=cfg.batch_groups,
                 prefetch_batches=cfg.prefetch_batches, max_staleness=cfg.max_staleness,
                 temperature=1.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                lease_ttl_s=120.0, batch_ack_timeout_s=600.0)
+                lease_ttl_s=120.0, batch_ack_timeout_s=600.0, **cfg.scheduler_options)
 
 
 def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):
     from sara_trainer.config import TrainerConfig
 
-    return TrainerConfig(
+    fields: dict[str, Any] = dict(
         model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
         threads=cfg.rl_threads, lr=cfg.lr, k=cfg.group_size, batch_groups=cfg.batch_groups,
         micro_batch_rollouts=512, advantage_estimator=cfg.advantage_estimator,
         max_new_tokens=cfg.max_new_tokens,
         temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
-        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds,
-        lr_warmup_steps=cfg.lr_warmup_steps, **cfg.trainer_options)
+        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds, lr_warmup_steps=cfg.lr_warmup_steps)
+    fields.update(cfg.trainer_options)   # the options win over the demo's choices
+    return TrainerConfig(**fields)
 
 
 def _make_worker(cfg: DemoConfig, client: Any, backend: Any):
@@ -119,7 +128,9 @@ def _make_worker(cfg: DemoConfig, client: Any, backend: Any):
 
 
 async def _train_and_work(cfg: DemoConfig, tcfg: Any, client: Any, backend: Any,
-                          steps: _StepLog, deadline: float) -> tuple[Any, Any, bool]:
+                          steps: _StepLog, deadline: float,
+                          batch_size: Callable[[list[dict]], int | None] | None
+                          ) -> tuple[Any, Any, bool]:
     """The worker on this event loop and the trainer on a thread, until the trainer stops (its
     steps, the rollout budget or `deadline`); (trainer, worker counters, out of time)."""
     from sara_client.local import BlockingClient
@@ -129,8 +140,9 @@ async def _train_and_work(cfg: DemoConfig, tcfg: Any, client: Any, backend: Any,
     worker = _make_worker(cfg, client, backend)
     # the trainer loads its model before the worker starts: transformers' from_pretrained
     # patches globals (tie_weights, default dtype) and two loads at once corrupt each other
+    sizer = None if batch_size is None else (lambda: batch_size(steps.history))
     trainer = await asyncio.to_thread(Trainer, BlockingClient(client, loop), tcfg,
-                                      on_step=steps.on_step)
+                                      on_step=steps.on_step, batch_size=sizer)
     steps.trainer = trainer
     worker_task = asyncio.ensure_future(worker.run())
     timer = loop.call_later(max(0.0, deadline - time.perf_counter()), steps.stop.set)
@@ -165,13 +177,19 @@ class _StepLog:
     """What each trainer step leaves behind: the history entry, a held-out evaluation when one
     is due, the tracking backends, the progress bars, and the stop once the budget is spent."""
 
-    def __init__(self, cfg: DemoConfig, tcfg: Any, eval_set, before: dict, label: str) -> None:
+    def __init__(self, cfg: DemoConfig, tcfg: Any, eval_set, before: dict, label: str,
+                 evaluator: Callable[[Any, Any], dict[str, Any]] | None = None) -> None:
         from sara_trainer.tracking import make_reporter
 
         self.cfg, self.eval_set, self.trainer = cfg, eval_set, None
+        self.evaluator, self.engine = evaluator, None
+        self.training_s = 0.0   # the trainer's step seconds (update, checkpoint, publish)
         self.history: list[dict[str, Any]] = []
-        self.evals = [{"step": 0, "accuracy": before["accuracy"], "rollouts_cum": 0,
-                       "tokens_cum": 0, "seconds_cum": 0.0}]
+        # an evaluator's figures before RL start the curve whole; the demo's keep to accuracy
+        first = dict(before) if evaluator is not None else {"accuracy": before["accuracy"]}
+        self.evals = [{**first, "step": 0, "rollouts_cum": 0,
+                       "tokens_cum": 0, "seconds_cum": 0.0, "generation_s": 0.0,
+                       "training_s": 0.0}]
         self.stop, self.budget_spent = threading.Event(), threading.Event()
         self.by_rollouts = bool(cfg.rollout_budget)
         self.bars = _Bars(cfg.progress, cfg.rollout_budget if self.by_rollouts else cfg.rl_steps,
@@ -189,6 +207,7 @@ class _StepLog:
         self.reporter.log_step(report)
         self.rollouts += report.batch_stats.get("rollouts_spent", 0)
         self.tokens += report.batch_stats.get("tokens_spent", 0)
+        self.training_s += report.seconds
         entry = self._entry(report)
         if _eval_due(self.cfg, report.step, self.rollouts, self.evals):
             entry["heldout_accuracy"] = self._evaluate(report.step, entry["seconds_cum"])
@@ -212,6 +231,7 @@ class _StepLog:
                 "rollouts_cum": self.rollouts, "tokens_cum": self.tokens,
                 "seconds": report.seconds,
                 "seconds_cum": time.perf_counter() - self.start - self.eval_s,
+                "generation_s": self.generation_s(), "training_s": self.training_s,
                 "ratio_mean": m.get("ratio_mean"), "clip_frac": m.get("clip_frac"),
                 "staleness_mean": m.get("staleness_mean"),
                 "staleness_max": m.get("staleness_max")}
@@ -219,13 +239,24 @@ class _StepLog:
     def _evaluate(self, step: int, seconds_cum: float) -> float:
         """Held-out accuracy now (its time is not RL time); recorded and reported."""
         started = time.perf_counter()
-        value = heldout_accuracy(self.trainer.model, self.trainer.tokenizer, self.eval_set,
-                                 self.cfg.max_new_tokens)["accuracy"]
+        if self.evaluator is not None:
+            found = self.evaluator(self.trainer.model, self.trainer.tokenizer)
+        else:
+            found = {"accuracy": heldout_accuracy(self.trainer.model, self.trainer.tokenizer,
+                                                  self.eval_set,
+                                                  self.cfg.max_new_tokens)["accuracy"]}
+        value = found["accuracy"]
         self.eval_s += time.perf_counter() - started
-        self.evals.append({"step": step, "accuracy": value, "rollouts_cum": self.rollouts,
-                           "tokens_cum": self.tokens, "seconds_cum": seconds_cum})
+        self.evals.append({**found, "step": step, "rollouts_cum": self.rollouts,
+                           "tokens_cum": self.tokens, "seconds_cum": seconds_cum,
+                           "generation_s": self.generation_s(), "training_s": self.training_s})
         self.reporter.log_eval(step, {"heldout_accuracy": value, "rollouts_cum": self.rollouts})
         return value
+
+    def generation_s(self) -> float:
+        """The engine's generation seconds so far (the hf backend's busy time; 0 for a backend
+        that does not measure it)."""
+        return float(getattr(self.engine, "busy_s", 0.0))
 
     def close(self) -> None:
         self.stop.set()

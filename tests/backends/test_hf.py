@@ -52,8 +52,10 @@ def test_registry_builds_hf(tiny_policy):
 
 
 async def test_generation_is_batched_and_seeded(hf):
+    busy = hf.busy_s
     await _common.check_generation(hf)
     assert max(hf.batch_sizes) > 1  # concurrent calls shared a batch
+    assert hf.busy_s > busy         # decoding time is counted
 
 
 async def test_batched_greedy_equals_one_at_a_time(hf):

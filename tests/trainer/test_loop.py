@@ -154,6 +154,21 @@ def test_trainer_steps_ack_checkpoint_publish_and_resume(tiny_dir, tmp_path):
     assert kept == ["step-000003", "step-000004"]  # keep_checkpoints=2
 
 
+def test_batch_size_hook_chooses_each_steps_request(tiny_dir, tmp_path):
+    asked = []
+
+    def size():
+        asked.append(len(asked) + 1)
+        return asked[-1]          # one group for the first step, two for the second
+
+    with _local(tmp_path) as sara:
+        sara.add_prompts(_prompts())
+        ScriptedWorker(sara).fill()
+        trainer = Trainer(sara, _config(tiny_dir, tmp_path), batch_size=size)
+        reports = trainer.run(timeout_s=5)
+    assert [r.groups for r in reports] == [1, 2] and asked == [1, 2]
+
+
 def test_behaviour_logprobs_kl_and_estimators(tiny_dir, tmp_path):
     model, tokenizer = load_policy(tiny_dir)
     cfg = _config(tiny_dir, tmp_path, kl_coef=0.1, advantage_estimator="rloo",

@@ -85,10 +85,15 @@ class Trainer(Updating, Publishing):
     """The loop over a sync SDK client (``SaraClient`` or anything with its trainer methods)."""
 
     def __init__(self, client: Any, config: TrainerConfig, *,
-                 on_step: Callable[[StepReport], None] | None = None) -> None:
+                 on_step: Callable[[StepReport], None] | None = None,
+                 batch_size: Callable[[], int | None] | None = None) -> None:
+        """``batch_size``, when given, is asked before each pull for the number of groups to
+        request (None: the scheduler's own batch size), e.g. to keep the expected number of
+        mixed groups per step constant under the uniform policy."""
         # "auto" is settled once, here: the critic and every tensor below read config.device
         config = config.replace(device=resolve_device(config.device))
         self.client, self.config, self.on_step = client, config, on_step
+        self.batch_size = batch_size
         self.dtype = resolve_dtype(config.dtype, config.device)
         self.autocast = autocast_dtype(config.dtype, config.device)
         torch.set_num_threads(config.threads)
@@ -182,8 +187,9 @@ class Trainer(Updating, Publishing):
             left = None if timeout_s is None else timeout_s - (time.monotonic() - started)
             if left is not None and left <= 0:
                 return None
+            size = self.batch_size() if self.batch_size is not None else None
             batch = self.client.wait_for_batch(
-                timeout_s=chunk if left is None else min(chunk, left), poll_s=poll)
+                size, timeout_s=chunk if left is None else min(chunk, left), poll_s=poll)
             if batch is not None:
                 return batch
             waited = time.monotonic() - started

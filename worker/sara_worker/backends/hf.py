@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from sara_client.chat import render_prompt
@@ -117,6 +118,7 @@ class HFBackend(ObservableProgress, BaseBackend):
         self._changed = asyncio.Event()
         self.batches = 0  # batches run (for tests and logs)
         self.batch_sizes: list[int] = []
+        self.busy_s = 0.0  # wall seconds spent decoding batches: the engine's generation time
 
     # --- model -----------------------------------------------------------------------------------
 
@@ -274,7 +276,11 @@ class HFBackend(ObservableProgress, BaseBackend):
                 continue
             try:
                 async with self._model_lock:
-                    await self._run(batch)
+                    started = time.perf_counter()
+                    try:
+                        await self._run(batch)
+                    finally:
+                        self.busy_s += time.perf_counter() - started
             except Exception as exc:
                 log.exception("hf batch of %d failed", len(batch))
                 for req in batch:
