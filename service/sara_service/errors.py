@@ -29,6 +29,13 @@ class Conflict(SaraServiceError):
     code = "conflict"
 
 
+class Unfillable(SaraServiceError):
+    """A request the scheduler can never answer as asked (it would wait forever)."""
+
+    status_code = 422
+    code = "unfillable"
+
+
 class UnknownRollouts(NotFound):
     """Some rollout ids in a results call are unknown; nothing of the call was applied."""
 

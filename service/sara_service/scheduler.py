@@ -24,6 +24,7 @@ from sara_client.models import (
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
+from .errors import Unfillable
 from .observability import ds_estimate, read_counters
 from .redis_format import PosteriorField, split_ids
 from .selection import (
@@ -302,6 +303,13 @@ class Scheduler:
         """`next_batch`, answered as the Batch JSON the route sends (see `answers`)."""
         s = self.settings
         size = req.size or s.batch_size
+        if size > self.flow_target and s.max_rollouts_per_batch is None:
+            # only flow_target groups are ever ready or in the making: it would never fill
+            raise Unfillable(message=(
+                f"size {size} is more than the {self.flow_target} groups this scheduler keeps "
+                f"ready or in the making (prefetch_batches {s.prefetch_batches} x batch_size "
+                f"{s.batch_size}): ask for at most that, or raise SARA_BATCH_SIZE or "
+                "SARA_PREFETCH_BATCHES"), detail={"size": size, "flow_target": self.flow_target})
         deadline = self.clock() + req.wait_s
         while True:
             # under a rollout cap a batch may close with fewer groups: wake on any ready group

@@ -32,6 +32,18 @@ async def test_next_is_204_when_nothing_is_ready(api):
     assert bare.status_code == 204
 
 
+async def test_a_size_beyond_the_flow_target_is_refused_not_waited_on(make_api):
+    api = await make_api(**{**SMALL, "prefetch_batches": 2})   # 4 groups ready or making
+    r = await api.next_batch(size=5, wait_s=30)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unfillable" and "SARA_BATCH_SIZE" in error["message"]
+    assert error["detail"] == {"size": 5, "flow_target": 4}
+    assert (await api.next_batch(size=4)).status_code == 204   # at the target: waits, then 204
+    capped = await make_api(**SMALL, max_rollouts_per_batch=8)  # a cap ends batches early
+    assert (await capped.next_batch(size=50)).status_code == 204
+
+
 @pytest.mark.parametrize("policy", ["sara", "dynamic_sampling"])
 async def test_batch_groups_are_mixed_and_complete(make_api, policy):
     api = await ready_api(make_api, policy=policy)
