@@ -19,7 +19,12 @@ halfway from the warm start to it. Each method's rollouts to a target come from 
 curve (linear between evaluations); the table gives the mean over seeds with a 95% t-interval,
 and each method's ratio to DS (per seed, then averaged).
 
+The learning testbed and its fair protocol (every method at its own learning rate, B groups a
+step, uniform also at matched signal, nine methods) are ``--testbed`` (``bench/_testbed_cli.py``
+says how; docs/benchmarks.md has the recorded run).
+
 Usage:
+    python bench/e2e.py --testbed --seeds 0,1,2,3,4 --methods ds,sara --out PREFIX
     python bench/e2e.py                                  # k 8 and 16, seeds 0-2, 4 methods
     python bench/e2e.py --k 8 --seeds 0 --methods ds,sara
     python bench/e2e.py --quick                          # smoke run for CI
@@ -33,7 +38,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import shlex
@@ -46,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _provenance import git_state  # noqa: E402  (bench/ is not a package)
+from _stats import mean_ci  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -79,6 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--start-from", default=None,
                    help="a checkpoint to start from instead of the shipped warm start")
     p.add_argument("--quick", action="store_true", help="CI smoke run (tiny budget)")
+    p.add_argument("--testbed", action="store_true", help="the learning testbed and its fair "
+                   "protocol instead (its own options: --testbed --help)")
     p.add_argument("--out", default=None, help="result directory (default bench/results, or a "
                    "temporary one with --quick)")
     p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
@@ -134,18 +141,6 @@ def run_one(args: argparse.Namespace, method: str, k: int, seed: int, work: Path
         "groups_effective": effective, "trainer_seconds": rl_seconds,
         "rollouts_per_effective_group": sched["rollouts_spent"] / max(1, effective),
     }
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for one value)."""
-    import statistics
-
-    if not values:
-        return math.nan, math.nan
-    if len(values) == 1:
-        return values[0], 0.0
-    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}.get(len(values), 2.0)
-    return statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def targets(rows: list[dict[str, Any]], k: int, seed: int) -> dict[str, float] | None:
@@ -309,6 +304,10 @@ def say(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--testbed" in argv:
+        from _testbed_cli import main as testbed_main
+
+        return testbed_main([a for a in argv if a != "--testbed"])
     args = parse_args(argv)
     started = time.perf_counter()
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="sara-e2e-out-"))

@@ -1,0 +1,209 @@
+"""The learning testbed's runs (``python bench/e2e.py --testbed``): one method, seed and learning
+rate per run, through the product path, with the protocol's evaluations along the way.
+
+A run is ``sara_demo.rl.run_rl``: the real scheduler on an embedded redis-server, an hf-backend
+worker and the GRPO trainer pulling batches of B groups, from the testbed's shipped warm start
+(``sara_demo.testbed``) on its revisited pool. What differs between methods is only the
+scheduler's settings, and for ``uniform_matched`` the size of the batch the trainer asks for.
+
+At each evaluation (and before RL) the run records greedy accuracy on the split it is judged on
+(``test``, or ``validation`` while choosing learning rates) with its binomial standard error, and
+a probe: k samples of each of ``probe_size`` fixed pool prompts under the current policy, each
+group classed all-fail / mixed / all-success. The probe is what uniform at k would see, for every
+method alike; from it come the saturation fractions and the prompts' moves between the states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+METHODS: dict[str, dict[str, Any]] = {
+    "uniform": {"policy": "uniform"},
+    "uniform_matched": {"policy": "uniform", "matched": True},
+    "ds": {"policy": "dynamic_sampling"},
+    "sara": {"policy": "sara", "tau_low": 0.5},
+    "sara_auto": {"policy": "sara", "tau_low": "auto"},
+    "sara_history": {"policy": "sara", "tau_low": 0.5, "prior": "history"},
+    "dps": {"policy": "dynamic_sampling", "selection": "dps"},
+    "mopps": {"policy": "dynamic_sampling", "selection": "mopps"},
+    "sara_dps": {"policy": "sara", "tau_low": 0.5, "selection": "dps"},
+}
+LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
+          "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
+          "sara_history": "SARA + history", "dps": "DPS", "mopps": "MoPPS",
+          "sara_dps": "SARA + DPS"}
+# the methods the protocol runs on five seeds; the rest on three
+PRINCIPAL = ("ds", "sara", "sara_dps", "uniform_matched")
+STATES = ("all_fail", "mixed", "all_success")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The testbed's sizes: B groups a step of k, a rollout budget per run, the splits."""
+
+    batch_groups: int = 16
+    k: int = 8
+    rollouts: int = 80_000
+    evals: int = 16
+    pool_size: int = 1000
+    test_size: int = 2000
+    val_size: int = 1000
+    probe_size: int = 200
+    max_matched: int = 8          # uniform_matched asks for at most this many times B
+    time_budget_s: float = 900.0  # a run that takes longer stops there (and says so)
+
+    @classmethod
+    def quick(cls) -> Protocol:
+        """CI's size: a few hundred steps' worth less; curves still rise."""
+        return cls(rollouts=4_000, evals=2, test_size=400, val_size=300, probe_size=48,
+                   time_budget_s=300.0)
+
+
+def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
+            split: str = "test", start_from: str | None = None) -> dict[str, Any]:
+    """One run; its record (method, seed, lr, split, pool_revisits, curve, transitions, ...)."""
+    from sara_demo.rl import run_rl
+    from sara_demo.testbed import test_set, training_pool, validation_set, verified_testbed
+
+    started = time.perf_counter()   # the whole run: loading and evaluations included
+    start = str(start_from or verified_testbed())
+    pool = training_pool(protocol.pool_size, seed)
+    judged = test_set(protocol.test_size) if split == "test" else validation_set(
+        protocol.val_size, pool)
+    probe = pool[:protocol.probe_size]
+    evaluator = _Evaluator(judged, probe, protocol.k, seed)
+    model, tokenizer = _load(start)
+    before = evaluator(model, tokenizer)
+    del model
+    cfg, sizer = _demo_config(method, seed, lr, protocol, work), None
+    if METHODS[method].get("matched"):
+        mixed = 1.0 - before["frac_all_fail"] - before["frac_all_success"]
+        cap = matched_cap(protocol, mixed)
+        cfg = dataclasses.replace(cfg, batch_groups=cap)   # the scheduler's flow target
+        sizer = _matched_sizer(protocol, mixed, cap)
+    trainer, stats, _, history, evals = asyncio.run(run_rl(
+        cfg, work, start, pool, judged, before, started + protocol.time_budget_s,
+        evaluator=evaluator, batch_size=sizer))
+    _final_eval(evaluator, trainer, history, evals)
+    seconds = time.perf_counter() - started
+    return _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
+
+
+def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Path):
+    from sara_demo.config import DemoConfig
+
+    spec = METHODS[method]
+    scheduler = {key: spec[key] for key in ("tau_low", "prior") if key in spec}
+    return DemoConfig(
+        seed=seed, out=str(work), progress=False, group_size=protocol.k,
+        batch_groups=protocol.batch_groups, lr=lr, rl_steps=1_000_000, compare=False,
+        rollout_budget=protocol.rollouts, policy=spec["policy"],
+        selection=spec.get("selection", "epoch"),
+        eval_every_rollouts=max(1, protocol.rollouts // protocol.evals),
+        time_budget_s=protocol.time_budget_s, batch_timeout_s=120.0,
+        # a weights-only policy version every step, a full checkpoint only at the end: the
+        # per-step overhead is then what a trainer publishing each step pays
+        trainer_options={"checkpoint_every": 1_000_000, "publish_every": 1},
+        scheduler_options=scheduler)
+
+
+def _load(directory: str):
+    from sara_trainer.policy import load_policy
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # a bar per checkpoint load would bury the progress lines
+    hf_logging.set_verbosity_error()
+    return load_policy(directory)
+
+
+class _Evaluator:
+    """Greedy accuracy on the judged split with its standard error, and the k-sample probe of
+    fixed pool prompts; remembers each probe's states for the transition counts."""
+
+    def __init__(self, judged: list[dict], probe: list[dict], k: int, seed: int) -> None:
+        self.judged, self.probe, self.k, self.seed = judged, probe, k, seed
+        self.states: list[list[str]] = []
+
+    def __call__(self, model, tokenizer) -> dict[str, Any]:
+        import torch
+
+        from sara_demo.evaluate import greedy_accuracy, group_kinds
+
+        acc = greedy_accuracy(model, tokenizer, self.judged)
+        p, n = acc["accuracy"], acc["n"]
+        generator = torch.Generator().manual_seed(self.seed * 1000 + len(self.states))
+        kinds = group_kinds(model, tokenizer, self.probe, k=self.k, generator=generator)
+        self.states.append(kinds)
+        count = Counter(kinds)
+        return {"accuracy": p, "accuracy_se": math.sqrt(max(p * (1 - p), 0.0) / max(n, 1)),
+                "n": n, "frac_all_fail": count["all_fail"] / len(kinds),
+                "frac_all_success": count["all_success"] / len(kinds)}
+
+    def transitions(self) -> dict[str, int]:
+        """Moves between the states from one probe to the next, summed over the run."""
+        moves: Counter[str] = Counter()
+        for before, after in zip(self.states, self.states[1:]):
+            moves.update(f"{a}->{b}" for a, b in zip(before, after) if a != b)
+        return {f"{a}->{b}": moves[f"{a}->{b}"] for a in STATES for b in STATES if a != b}
+
+
+def matched_cap(protocol: Protocol, first_mixed: float) -> int:
+    """uniform_matched's largest batch: 1.25 B over the probe's mixed fraction before RL (room
+    for the fraction to fall), at most ``max_matched`` B. It is the scheduler's batch size, so
+    that many groups are kept ready or in the making and every request can fill."""
+    most = protocol.max_matched * protocol.batch_groups
+    return min(most, math.ceil(1.25 * protocol.batch_groups / max(first_mixed, 1e-9)))
+
+
+def _matched_sizer(protocol: Protocol, first_mixed: float, cap: int):
+    """uniform_matched's batch size: B over the mixed fraction of the last few batches (the
+    probe's before the first), so that a batch holds B mixed groups in expectation; between B
+    and `cap`."""
+    def size(history: list[dict]) -> int:
+        recent = history[-5:]
+        groups = sum(h["groups"] for h in recent)
+        mixed = sum(h["groups_mixed"] for h in recent) / groups if groups else first_mixed
+        wanted = protocol.batch_groups / max(mixed, 1e-9)
+        return int(min(max(round(wanted), protocol.batch_groups), cap))
+    return size
+
+
+def _final_eval(evaluator: _Evaluator, trainer, history: list[dict], evals: list[dict]) -> None:
+    """The evaluation after the last step (the run's end point of the curve)."""
+    if not history or evals[-1]["step"] == trainer.step:
+        return
+    last = history[-1]
+    evals.append({**evaluator(trainer.model, trainer.tokenizer), "step": trainer.step,
+                  "rollouts_cum": last["rollouts_cum"], "tokens_cum": last["tokens_cum"],
+                  "seconds_cum": last["seconds_cum"], "generation_s": last["generation_s"],
+                  "training_s": last["training_s"]})
+
+
+def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, stats: Any,
+            history: list[dict], evals: list[dict], evaluator: _Evaluator,
+            seconds: float) -> dict[str, Any]:
+    counters = stats.counters
+    curve = [{"rollouts": e["rollouts_cum"], "tokens": e["tokens_cum"],
+              "generation_s": round(e["generation_s"], 3), "training_s": round(e["training_s"], 3),
+              "steps": e["step"], "accuracy": e["accuracy"], "accuracy_se": e["accuracy_se"],
+              "frac_all_fail": e["frac_all_fail"], "frac_all_success": e["frac_all_success"]}
+             for e in evals]
+    return {"method": method, "label": LABELS[method], "seed": seed, "lr": lr, "split": split,
+            "protocol": asdict(protocol), "pool_size": protocol.pool_size,
+            "pool_revisits": counters.groups_opened / protocol.pool_size,
+            "steps": history[-1]["step"] if history else 0,
+            "rollouts": history[-1]["rollouts_cum"] if history else 0,
+            "tokens": history[-1]["tokens_cum"] if history else 0,
+            "groups_opened": counters.groups_opened,
+            "groups_delivered": sum(h["groups"] for h in history),
+            "groups_mixed": sum(h["groups_mixed"] for h in history),
+            "batch_sizes": sorted({h["groups"] for h in history}),
+            "seconds": round(seconds, 1), "curve": curve,
+            "transitions": evaluator.transitions()}

@@ -1,0 +1,199 @@
+"""``python bench/e2e.py --testbed``: the fair protocol on the learning testbed.
+
+    python bench/e2e.py --testbed --seeds 0,1,2,3,4 --methods ds,sara,sara_dps,uniform_matched \\
+        --out bench/results/testbed
+    python bench/e2e.py --testbed --quick --out /tmp/tb          # CI's size: every method, 1 seed
+
+1. **Learning rates.** Each method's learning rate comes from ``--lr-grid`` (at least three values
+   for a recorded run), chosen on the *validation* split by the final validation accuracy of
+   ``--select-seeds`` runs (mean over those seeds); ``--lr METHOD=LR,...`` fixes some instead.
+   With a one-value grid every method uses it and nothing is chosen.
+2. **Runs.** Every method on every seed of ``--seeds`` (``--secondary-seeds``, when given, for the
+   methods outside ``ds, sara, sara_dps, uniform_matched``), judged on the held-out test split,
+   seed by seed so that a cut-short run still compares methods on the same seeds.
+3. **Figures.** ``PREFIX.json`` (``{"runs": [...], "lr_selection": ..., "summary": ...,
+   "criteria": ..., "targets": ...}``, each run with its ``curve``), ``PREFIX.txt`` (header and
+   tables) and ``PREFIX.png``.
+
+Every finished run is appended to ``PREFIX.runs.jsonl`` as it ends; a second invocation with the
+same PREFIX skips the runs already there (method, seed, lr and split equal), so an interrupted
+recording resumes where it stopped. ``--fresh`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from _provenance import git_state
+from _testbed import LABELS, METHODS, PRINCIPAL, Protocol, run_one
+from _testbed_report import chart, criteria, final_accuracy, format_tables, method_summary, \
+    target_ratios
+
+DEFAULT_GRID = "1e-4,3e-4,1e-3"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/e2e.py --testbed", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default=",".join(METHODS), help="comma list of: "
+                   + ", ".join(METHODS))
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma list of any integers")
+    p.add_argument("--secondary-seeds", default=None,
+                   help="seeds for the methods outside " + ", ".join(PRINCIPAL))
+    p.add_argument("--lr-grid", default=None, help=f"learning rates to choose from (default "
+                   f"{DEFAULT_GRID}; quick: 1e-4 only)")
+    p.add_argument("--lr", default="", help="METHOD=LR,... fixed for those methods")
+    p.add_argument("--select-seeds", default="0", help="seeds of the validation runs")
+    p.add_argument("--rollouts", type=int, default=None, help="rollout budget per run")
+    p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
+    p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
+                   "or a temporary one with --quick)")
+    p.add_argument("--work", default=None, help="scratch directory")
+    p.add_argument("--fresh", action="store_true", help="ignore PREFIX.runs.jsonl")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.methods.split(",") if m not in METHODS]
+    if unknown:
+        p.error(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+        args.secondary_seeds = (None if args.secondary_seeds is None else
+                                [int(s) for s in args.secondary_seeds.split(",")])
+        args.select_seeds = [int(s) for s in args.select_seeds.split(",")]
+        args.lr_grid = [float(x) for x in (args.lr_grid or ("1e-4" if args.quick
+                                                            else DEFAULT_GRID)).split(",")]
+        args.lr = {m: float(v) for m, v in (kv.split("=") for kv in args.lr.split(",") if kv)}
+    except ValueError as exc:
+        p.error(f"bad number in --seeds, --lr-grid or --lr: {exc}")
+    if set(args.lr) - set(METHODS):
+        p.error(f"--lr names unknown methods {sorted(set(args.lr) - set(METHODS))}")
+    args.methods = list(dict.fromkeys(["ds", *args.methods.split(",")]))  # targets need DS
+    return args
+
+
+class Recorder:
+    """Runs done so far (PREFIX.runs.jsonl), appended as each one ends."""
+
+    def __init__(self, path: Path, fresh: bool) -> None:
+        self.path = path
+        if fresh and path.exists():
+            path.unlink()
+        self.runs = [json.loads(line) for line in path.read_text().splitlines()
+                     if line.strip()] if path.exists() else []
+
+    def find(self, method: str, seed: int, lr: float, split: str, protocol: Protocol
+             ) -> dict[str, Any] | None:
+        """A finished run of that method, seed, learning rate and split under `protocol`."""
+        return next((r for r in self.runs if (r["method"], r["seed"], r["lr"], r["split"])
+                     == (method, seed, lr, split) and r.get("protocol") == asdict(protocol)),
+                    None)
+
+    def run(self, method: str, seed: int, lr: float, split: str, protocol: Protocol,
+            work: Path, tag: str) -> dict[str, Any]:
+        done = self.find(method, seed, lr, split, protocol)
+        if done is not None:
+            return done
+        record = run_one(method, seed, lr, protocol, work / f"{method}-s{seed}-lr{lr:g}-{split}",
+                         split=split)
+        self.runs.append(record)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        c = record["curve"]
+        say(f"{tag} {LABELS[method]} seed {seed} lr {lr:g} ({split}): {record['steps']} steps, "
+            f"{record['rollouts']:,} rollouts, accuracy {100 * c[0]['accuracy']:.1f}% -> "
+            f"{100 * c[-1]['accuracy']:.1f}%, {record['seconds']:.0f} s")
+        return record
+
+
+def choose_lrs(args: argparse.Namespace, protocol: Protocol, rec: Recorder, work: Path
+               ) -> dict[str, Any]:
+    """Each method's learning rate: fixed, the grid's only value, or the best on validation."""
+    chosen: dict[str, Any] = {}
+    jobs = [(m, s, lr) for m in args.methods if m not in args.lr and len(args.lr_grid) > 1
+            for s in args.select_seeds for lr in args.lr_grid]
+    for i, (m, s, lr) in enumerate(jobs, 1):
+        rec.run(m, s, lr, "validation", protocol, work, f"[lr {i}/{len(jobs)}]")
+    for m in args.methods:
+        if m in args.lr or len(args.lr_grid) == 1:
+            chosen[m] = {"lr": args.lr.get(m, args.lr_grid[0]), "how": "given"}
+            continue
+        scores = {lr: statistics.fmean(final_accuracy(rec.find(m, s, lr, "validation", protocol))
+                                       for s in args.select_seeds) for lr in args.lr_grid}
+        best = max(scores, key=lambda lr: (scores[lr], -lr))
+        chosen[m] = {"lr": best, "how": "validation", "validation_final_accuracy": scores}
+    return chosen
+
+
+def seeds_of(args: argparse.Namespace, method: str) -> list[int]:
+    if method in PRINCIPAL or args.secondary_seeds is None:
+        return args.seeds
+    return args.secondary_seeds
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    protocol = Protocol.quick() if args.quick else Protocol()
+    if args.rollouts:
+        protocol = Protocol(**{**asdict(protocol), "rollouts": args.rollouts})
+    prefix = Path(args.out) if args.out else (
+        Path(tempfile.mkdtemp(prefix="sara-testbed-")) / "testbed" if args.quick
+        else Path(__file__).resolve().parent / "results" / "testbed")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="sara-testbed-work-"))
+    rec = Recorder(prefix.with_name(prefix.name + ".runs.jsonl"), args.fresh)
+    started = time.perf_counter()
+    chosen = choose_lrs(args, protocol, rec, work)
+    jobs = [(m, s) for s in sorted({s for m in args.methods for s in seeds_of(args, m)})
+            for m in args.methods if s in seeds_of(args, m)]
+    runs = [rec.run(m, s, chosen[m]["lr"], "test", protocol, work, f"[{i}/{len(jobs)}]")
+            for i, (m, s) in enumerate(jobs, 1)]
+    write_outputs(prefix, args, argv, protocol, runs, chosen, time.perf_counter() - started)
+    return 0
+
+
+def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], protocol: Protocol,
+                  runs: list[dict[str, Any]], chosen: dict[str, Any], seconds: float) -> None:
+    summary = [method_summary(runs, m, protocol.rollouts) for m in args.methods]
+    crit, goals = criteria(runs), target_ratios(summary)
+    text = header(argv, protocol, chosen, seconds) + format_tables(summary, crit) + \
+        "\n\ntargets: " + json.dumps(goals, default=float)
+    print("\n" + text)
+    prefix.with_suffix(".txt").write_text(text + "\n")
+    prefix.with_suffix(".json").write_text(json.dumps(
+        {"argv": argv, "code": git_state(("service", "client", "worker", "trainer", "demo")),
+         "protocol": asdict(protocol), "lr_selection": chosen, "summary": summary,
+         "criteria": crit, "targets": goals, "runs": runs}, indent=1) + "\n")
+    drew = chart(runs, prefix.with_suffix(".png"))
+    say(f"wrote {prefix.with_suffix('.json')}, {prefix.with_suffix('.txt')}"
+        + (f", {prefix.with_suffix('.png')}" if drew else ""))
+
+
+def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds: float) -> str:
+    lrs = ", ".join(f"{m} {c['lr']:g}" for m, c in chosen.items())
+    return "\n".join([
+        "The learning testbed: rollouts to a target accuracy under the fair protocol "
+        "(bench/e2e.py --testbed)",
+        f"date:      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
+        f"code:      {git_state(('service', 'client', 'worker', 'trainer', 'demo'))}",
+        f"command:   {shlex.join(['python', 'bench/e2e.py', '--testbed', *argv])}",
+        f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}; {seconds / 60:.1f} min in all; load average at the end "
+        f"{os.getloadavg()[0]:.1f}",
+        f"protocol:  B = {protocol.batch_groups} groups a step, k = {protocol.k}, "
+        f"{protocol.rollouts:,} rollouts a run, pool {protocol.pool_size} prompts, test "
+        f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}",
+        f"lr:        {lrs}", "", ""])
+
+
+def say(message: str) -> None:
+    print(message, flush=True)

@@ -1,0 +1,223 @@
+"""The learning testbed's figures from its runs: the testbed criteria, each method's cost to the
+two targets with per-seed ratios to DS, accuracy at equal rollouts, the text tables and chart.
+
+Definitions (docs/benchmarks.md states them for readers):
+
+- a run's **final accuracy** is the mean of its last two evaluations (one evaluation's standard
+  error is about a point; two halve the variance of the end point);
+- **targets**, per seed from DS's own run: DS's final accuracy, and halfway from the accuracy
+  before RL to it; a method's cost to a target is read off its curve, linear between evaluations;
+- **learning lasts until** the first evaluation within one standard error of the final accuracy;
+  the **half-run gap** is (final - accuracy at half the run's steps) / standard error;
+- **saturated** groups are the probe's all-fail plus all-success ones (``bench/_testbed.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from _stats import first_crossing, mean_ci, value_at
+
+COSTS = ("rollouts", "tokens", "generation_s", "training_s")
+TARGETS = {"ds_final": "DS's final accuracy", "halfway": "halfway from the start to it"}
+
+
+def final_accuracy(run: dict[str, Any]) -> float:
+    tail = run["curve"][-2:] if len(run["curve"]) > 2 else run["curve"][-1:]
+    return sum(p["accuracy"] for p in tail) / len(tail)
+
+
+def targets(runs: list[dict[str, Any]], seed: int) -> dict[str, float] | None:
+    ds = next((r for r in runs if r["method"] == "ds" and r["seed"] == seed), None)
+    if ds is None:
+        return None
+    final, start = final_accuracy(ds), ds["curve"][0]["accuracy"]
+    return {"ds_final": final, "halfway": start + (final - start) / 2}
+
+
+def cost_to(run: dict[str, Any], target: float, cost: str) -> float | None:
+    return first_crossing([(p[cost], p["accuracy"]) for p in run["curve"]], target)
+
+
+def method_summary(runs: list[dict[str, Any]], method: str, budget: int) -> dict[str, Any]:
+    """One method's figures over its seeds; each a (mean, 95% half-width[, seeds]) tuple."""
+    mine = [r for r in runs if r["method"] == method]
+    out: dict[str, Any] = {"method": method, "label": mine[0]["label"] if mine else method,
+                           "seeds": sorted(r["seed"] for r in mine),
+                           "lr": sorted({r["lr"] for r in mine})}
+    for name in TARGETS:
+        for cost in COSTS:
+            got, ratios = [], []
+            for r in mine:
+                t = targets(runs, r["seed"])
+                value = cost_to(r, t[name], cost) if t else None
+                if value is None:
+                    continue
+                got.append(value)
+                ds = next(d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"])
+                base = cost_to(ds, t[name], cost)
+                if base:
+                    ratios.append(value / base)
+            out[f"{name}_{cost}"] = (*mean_ci(got), len(got))
+            out[f"{name}_{cost}_ratio"] = (*mean_ci(ratios), len(ratios))
+    for frac in (0.5, 1.0):
+        accs = [value_at([(p["rollouts"], p["accuracy"]) for p in r["curve"]], frac * budget)
+                for r in mine]
+        out[f"acc_at_{frac:g}"] = mean_ci([a if a is not None else final_accuracy(r)
+                                           for a, r in zip(accs, mine)])
+    out["final_accuracy"] = mean_ci([final_accuracy(r) for r in mine])
+    out["rollouts_per_mixed_group"] = mean_ci([r["rollouts"] / max(1, r["groups_mixed"])
+                                               for r in mine])
+    out["steps"] = mean_ci([r["steps"] for r in mine])
+    out["seconds"] = mean_ci([r["seconds"] for r in mine])
+    return out
+
+
+def learning_lasts(run: dict[str, Any]) -> dict[str, float]:
+    """A run's lasting-learning figures: the step learning lasts until, the half-run gap in
+    standard errors, and the gain from the start to the final accuracy."""
+    curve, final = run["curve"], final_accuracy(run)
+    se = curve[-1]["accuracy_se"] or 1e-9
+    until = next(p["steps"] for p in curve if p["accuracy"] >= final - se)
+    half = value_at([(p["steps"], p["accuracy"]) for p in curve], curve[-1]["steps"] / 2)
+    return {"rising_until_step": until, "steps": curve[-1]["steps"],
+            "half_run_gap_se": (final - (half if half is not None else final)) / se,
+            "gain": final - curve[0]["accuracy"]}
+
+
+def criteria(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The testbed's own criteria, measured: lasting learning under DS, saturation under uniform,
+    pool revisits and run time over every run; each with its pass flag."""
+    ds = [learning_lasts(r) for r in runs if r["method"] == "ds"]
+    uniform = [r for r in runs if r["method"] == "uniform"]
+    saturated = [p["frac_all_fail"] + p["frac_all_success"] for r in uniform for p in r["curve"]]
+    both = all(p["frac_all_fail"] > 0 and p["frac_all_success"] > 0
+               for r in uniform for p in r["curve"])
+    moves: Counter[str] = Counter()
+    for r in uniform:
+        moves.update(r["transitions"])
+    out = {
+        "ds_learning": ds,
+        "ds_learning_pass": bool(ds) and all(
+            d["rising_until_step"] >= 100 and d["half_run_gap_se"] >= 3 and d["gain"] >= 0.10
+            for d in ds),
+        "uniform_min_saturated": min(saturated) if saturated else math.nan,
+        "uniform_saturation_pass": bool(saturated) and min(saturated) >= 0.3 and both,
+        "uniform_transitions": dict(moves),
+        "min_pool_revisits": min((r["pool_revisits"] for r in runs), default=math.nan),
+        "max_run_seconds": max((r["seconds"] for r in runs), default=math.nan),
+    }
+    out["revisit_pass"] = out["min_pool_revisits"] >= 4
+    out["run_time_pass"] = out["max_run_seconds"] <= 180
+    return out
+
+
+def target_ratios(summary: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's three targets, from the summary: each ratio with its interval and verdict."""
+    by = {s["method"]: s for s in summary}
+    out: dict[str, Any] = {}
+    for method, bound in (("sara", 0.8), ("sara_dps", 0.5)):
+        if method in by:
+            mean, half, n = by[method]["ds_final_rollouts_ratio"]
+            out[f"{method}_vs_ds"] = {"ratio": mean, "ci95": half, "seeds": n, "bound": bound,
+                                      "met": bool(mean == mean and mean + half <= bound),
+                                      "met_at_mean": bool(mean == mean and mean <= bound)}
+    if "sara" in by and "uniform_matched" in by:
+        sara, matched = by["sara"]["ds_final_rollouts"], by["uniform_matched"]["ds_final_rollouts"]
+        out["sara_below_uniform_matched"] = {
+            "sara": sara[:2], "uniform_matched": matched[:2],
+            "met": bool(sara[0] == sara[0] and (matched[0] != matched[0] or sara[0] < matched[0]))}
+    return out
+
+
+def _ci(v: tuple, scale: float = 1.0, fmt: str = ",.0f") -> str:
+    if v[0] != v[0]:
+        return "not reached"
+    return f"{format(v[0] * scale, fmt)} ± {format(v[1] * scale, fmt)}"
+
+
+def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
+    """The tables of the text report."""
+    lines = []
+    for name, title in TARGETS.items():
+        head = (f"{'method':<24}{'lr':>8}{'rollouts':>18}{'x DS':>13}{'seeds':>7}"
+                f"{'tokens':>20}{'gen s':>12}{'train s':>12}")
+        lines += [f"to {title} (mean ± 95% CI over seeds; x DS: per-seed ratio)", head,
+                  "-" * len(head)]
+        for e in summary:
+            r = e[f"{name}_rollouts"]
+            lines.append(
+                f"{e['label']:<24}{'/'.join(f'{x:g}' for x in e['lr']):>8}{_ci(r):>18}"
+                f"{_ci(e[f'{name}_rollouts_ratio'], 1, '.2f'):>13}{r[2]:>3}/{len(e['seeds']):<3}"
+                f"{_ci(e[f'{name}_tokens']):>20}{_ci(e[f'{name}_generation_s'], 1, '.1f'):>12}"
+                f"{_ci(e[f'{name}_training_s'], 1, '.1f'):>12}")
+        lines.append("")
+    head = (f"{'method':<24}{'acc @ half':>14}{'acc @ budget':>14}{'final':>14}"
+            f"{'rollouts/mixed':>16}{'steps':>12}{'run s':>10}")
+    lines += ["accuracy at equal rollouts (%, mean ± 95% CI)", head, "-" * len(head)]
+    for e in summary:
+        lines.append(f"{e['label']:<24}{_ci(e['acc_at_0.5'], 100, '.1f'):>14}"
+                     f"{_ci(e['acc_at_1'], 100, '.1f'):>14}"
+                     f"{_ci(e['final_accuracy'], 100, '.1f'):>14}"
+                     f"{_ci(e['rollouts_per_mixed_group'], 1, '.1f'):>16}"
+                     f"{_ci(e['steps'], 1, '.0f'):>12}{_ci(e['seconds'], 1, '.0f'):>10}")
+    return "\n".join(lines + ["", format_criteria(crit)])
+
+
+def format_criteria(crit: dict[str, Any]) -> str:
+    def flag(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    lines = ["testbed criteria"]
+    for d in crit["ds_learning"]:
+        lines.append(f"  DS run: rises until step {d['rising_until_step']} of {d['steps']}, "
+                     f"half-run gap {d['half_run_gap_se']:.1f} SE, gain "
+                     f"{100 * d['gain']:+.1f} points")
+    lines += [
+        f"  lasting learning (>= 100 steps, >= 3 SE at half, >= 10 points): "
+        f"{flag(crit['ds_learning_pass'])}",
+        f"  saturation under uniform: at least {100 * crit['uniform_min_saturated']:.0f}% of "
+        f"probe groups at every evaluation: {flag(crit['uniform_saturation_pass'])}",
+        f"  probe transitions under uniform: {crit['uniform_transitions']}",
+        f"  pool revisits: at least {crit['min_pool_revisits']:.1f}: {flag(crit['revisit_pass'])}",
+        f"  longest run: {crit['max_run_seconds']:.0f} s: {flag(crit['run_time_pass'])}"]
+    return "\n".join(lines)
+
+
+def chart(runs: list[dict[str, Any]], path: Path) -> bool:
+    """Accuracy against rollouts (one line per run) and the probe's saturation under uniform."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    colors = dict(zip(sorted({r["method"] for r in runs}), plt.cm.tab10.colors))
+    seen: set[str] = set()
+    for r in runs:
+        left.plot([p["rollouts"] for p in r["curve"]], [100 * p["accuracy"] for p in r["curve"]],
+                  color=colors[r["method"]], lw=1, alpha=0.75,
+                  label=None if r["method"] in seen else r["label"])
+        seen.add(r["method"])
+        if r["method"] == "uniform":
+            right.plot([p["steps"] for p in r["curve"]],
+                       [100 * (p["frac_all_fail"] + p["frac_all_success"]) for p in r["curve"]],
+                       color="tab:gray", lw=1)
+    left.set(xlabel="rollouts spent", ylabel="held-out greedy accuracy (%)",
+             title="accuracy per rollout, every run")
+    left.legend(fontsize=7, loc="lower right")
+    left.grid(alpha=0.3)
+    right.axhline(30, color="tab:red", ls="--", lw=1)
+    right.set(xlabel="optimizer step", ylabel="saturated probe groups (%)", ylim=(0, 100),
+              title="uniform: all-fail + all-success groups (k-sample probe)")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

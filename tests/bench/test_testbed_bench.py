@@ -1,0 +1,157 @@
+"""bench/e2e.py --testbed: the protocol's bookkeeping (targets, ratios, the testbed criteria, the
+matched batch size, resuming) and a CI-size run of every method through the product path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .test_allocation_bench import BENCH, _load
+
+_load("bench_e2e", "e2e.py")   # puts bench/ on sys.path for the modules below
+testbed = _load("_testbed", "_testbed.py")
+report = _load("_testbed_report", "_testbed_report.py")
+cli = _load("_testbed_cli", "_testbed_cli.py")
+stats = _load("_stats", "_stats.py")
+
+
+def _run(method, seed, accs, step=1000, se=0.01, sat=(0.2, 0.2), mixed=100, **extra):
+    curve = [{"rollouts": i * step, "tokens": 4 * i * step, "generation_s": float(i),
+              "training_s": 2.0 * i, "steps": 10 * i, "accuracy": a, "accuracy_se": se,
+              "frac_all_fail": sat[0], "frac_all_success": sat[1]} for i, a in enumerate(accs)]
+    return {"method": method, "label": method, "seed": seed, "lr": 1e-4, "split": "test",
+            "curve": curve, "rollouts": curve[-1]["rollouts"], "groups_mixed": mixed,
+            "steps": curve[-1]["steps"], "seconds": 100.0, "pool_revisits": 5.0,
+            "transitions": {"all_fail->mixed": 3}, **extra}
+
+
+def test_crossing_and_value_are_linear_between_points():
+    points = [(0, 0.4), (100, 0.5), (300, 0.3), (400, 0.8)]
+    assert stats.first_crossing(points, 0.45) == pytest.approx(50)
+    assert stats.first_crossing(points, 0.6) == pytest.approx(300 + 100 * 0.3 / 0.5)
+    assert stats.first_crossing(points, 0.9) is None
+    assert stats.first_crossing(points, 0.3) == 0
+    assert stats.value_at(points, 200) == pytest.approx(0.4)
+    assert stats.value_at(points, 401) is None
+
+
+def test_targets_ratios_and_verdicts_come_from_each_seeds_ds_run():
+    runs = []
+    for seed in (0, 1):
+        runs.append(_run("ds", seed, [0.4, 0.5, 0.6, 0.7, 0.7]))      # final 0.7
+        runs.append(_run("sara", seed, [0.4, 0.6, 0.7, 0.72, 0.72]))  # 0.7 at 2000 vs DS 3000
+        runs.append(_run("uniform_matched", seed, [0.4, 0.45, 0.5, 0.6, 0.7]))
+    assert report.targets(runs, 0) == pytest.approx({"ds_final": 0.7, "halfway": 0.55})
+    summary = [report.method_summary(runs, m, 4000) for m in ("ds", "sara", "uniform_matched")]
+    by = {s["method"]: s for s in summary}
+    assert by["sara"]["ds_final_rollouts"][0] == pytest.approx(2000)
+    assert by["sara"]["ds_final_rollouts_ratio"][:1] == (pytest.approx(2 / 3),)
+    assert by["ds"]["ds_final_rollouts_ratio"][0] == pytest.approx(1.0)
+    assert by["sara"]["halfway_tokens"][0] == pytest.approx(4 * 750)
+    goals = report.target_ratios(summary)
+    assert goals["sara_vs_ds"]["met"] and goals["sara_vs_ds"]["bound"] == 0.8
+    assert goals["sara_below_uniform_matched"]["met"]
+    text = report.format_tables(summary, report.criteria(runs))
+    assert "to DS's final accuracy" in text and "testbed criteria" in text
+
+
+def test_lasting_learning_is_judged_in_standard_errors():
+    # 0.40 -> 0.60 rising until the last points, steps 0..160
+    slow = _run("ds", 0, [0.40, 0.46, 0.50, 0.53, 0.55, 0.57, 0.58, 0.595, 0.60, 0.60, 0.60,
+                          0.60, 0.60, 0.60, 0.60, 0.60, 0.60][:11], se=0.011)
+    figures = report.learning_lasts(slow)
+    assert figures["rising_until_step"] == 70 and figures["steps"] == 100
+    assert figures["gain"] == pytest.approx(0.2)
+    # half the run is step 50: 0.57, final 0.60: 2.7 SE
+    assert figures["half_run_gap_se"] == pytest.approx(0.03 / 0.011)
+    crit = report.criteria([slow, _run("uniform", 0, [0.4, 0.5], sat=(0.1, 0.25))])
+    assert not crit["ds_learning_pass"]            # 70 < 100 steps and 2.7 < 3 SE
+    assert crit["uniform_saturation_pass"]          # 35% saturated, both kinds present
+    assert crit["uniform_transitions"] == {"all_fail->mixed": 3}
+    assert not report.criteria([_run("uniform", 0, [0.4], sat=(0.3, 0.0))])[
+        "uniform_saturation_pass"]                  # no all-success group
+
+
+def test_matched_batch_holds_b_mixed_groups_in_expectation():
+    protocol = testbed.Protocol(batch_groups=16, max_matched=8)
+    assert testbed.matched_cap(protocol, 0.5) == 40          # 1.25 x 16 / 0.5
+    assert testbed.matched_cap(protocol, 0.01) == 128        # at most 8 B
+    size = testbed._matched_sizer(protocol, first_mixed=0.5, cap=100)
+    assert size([]) == 32                           # the probe's fraction before any batch
+    history = [{"groups": 64, "groups_mixed": 16}] * 5
+    assert size(history) == 64
+    assert size([{"groups": 100, "groups_mixed": 0}]) == 100  # never past the cap
+    assert size([{"groups": 16, "groups_mixed": 16}]) == 16   # never below B
+
+
+def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
+    protocol = testbed.Protocol()
+    configs = {m: testbed._demo_config(m, 3, 1e-4, protocol, tmp_path) for m in testbed.METHODS}
+    assert {(c.policy, c.selection, tuple(sorted(c.scheduler_options.items())))
+            for c in configs.values()} == {
+        ("uniform", "epoch", ()), ("dynamic_sampling", "epoch", ()),
+        ("sara", "epoch", (("tau_low", 0.5),)), ("sara", "epoch", (("tau_low", "auto"),)),
+        ("sara", "epoch", (("prior", "history"), ("tau_low", 0.5))),
+        ("dynamic_sampling", "dps", ()), ("dynamic_sampling", "mopps", ()),
+        ("sara", "dps", (("tau_low", 0.5),))}
+    shared = {(c.seed, c.lr, c.batch_groups, c.group_size, c.rollout_budget,
+               tuple(sorted(c.trainer_options.items()))) for c in configs.values()}
+    assert len(shared) == 1
+
+
+def test_arguments_are_checked_and_ds_is_always_run():
+    args = cli.parse_args(["--methods", "sara", "--lr", "sara=3e-4"])
+    assert args.methods == ["ds", "sara"] and args.lr == {"sara": 3e-4}
+    assert args.lr_grid == [1e-4, 3e-4, 1e-3] and cli.parse_args(["--quick"]).lr_grid == [1e-4]
+    for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(bad)
+
+
+def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(method, seed, lr, protocol, work, split="test"):
+        calls.append((method, seed, lr, split))
+        best = {"ds": 1e-4, "sara": 3e-4}[method]
+        return _run(method, seed, [0.4, 0.5 if lr == best else 0.45], split=split, lr=lr,
+                    protocol=testbed.asdict(protocol))
+
+    monkeypatch.setattr(cli, "run_one", fake_run)
+    args = cli.parse_args(["--methods", "ds,sara", "--lr-grid", "1e-4,3e-4", "--seeds", "0"])
+    rec = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
+    chosen = cli.choose_lrs(args, testbed.Protocol(), rec, tmp_path)
+    assert chosen["ds"]["lr"] == 1e-4 and chosen["sara"]["lr"] == 3e-4
+    assert len(calls) == 4 and {c[3] for c in calls} == {"validation"}
+    again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)   # a restart reads them back
+    cli.choose_lrs(args, testbed.Protocol(), again, tmp_path)
+    assert len(calls) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_quick_testbed_run_of_every_method(tmp_path):
+    prefix = tmp_path / "tb"
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "e2e.py"), "--testbed", "--quick", "--seeds", "7",
+         "--out", str(prefix), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=1150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(prefix.with_suffix(".json").read_text())
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == set(testbed.METHODS)
+    keys = {"rollouts", "tokens", "generation_s", "training_s", "steps", "accuracy",
+            "accuracy_se", "frac_all_fail", "frac_all_success"}
+    for method, r in runs.items():
+        curve = r["curve"]
+        assert r["seed"] == 7 and r["lr"] == 1e-4 and r["pool_revisits"] > 0
+        assert set(curve[0]) == keys and curve[0]["rollouts"] == 0 and curve[0]["steps"] == 0
+        assert curve[-1]["accuracy"] > curve[0]["accuracy"], (method, curve)
+        assert curve[-1]["generation_s"] > 0 and curve[-1]["training_s"] > 0
+        assert [p["rollouts"] for p in curve] == sorted(p["rollouts"] for p in curve)
+    assert max(runs["uniform_matched"]["batch_sizes"]) > 16 >= max(runs["uniform"]["batch_sizes"])
+    assert "testbed criteria" in prefix.with_suffix(".txt").read_text()
+    assert prefix.with_suffix(".png").stat().st_size > 10_000
