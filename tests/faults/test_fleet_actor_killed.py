@@ -10,6 +10,10 @@ deadline, never by a fixed sleep.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -28,11 +32,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 K, BATCH_SIZE, N_PROMPTS, SEED = 4, 2, 200, 5
 LEASE_TTL_S = 2.0
-N_BATCHES = 8
+N_BATCHES = 6
 KILL_AFTER = 2  # batches received before the actor is killed
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cpu():
     ray = need("ray", "ray is not installed (.ci/run installs it for verl)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -64,7 +68,7 @@ def test_fleet_actor_killed_mid_lease_loses_nothing(tmp_path, redis_url, ray_cpu
         server.start()
         load_synthetic(server.url, N_PROMPTS, SEED)
         fleet = Fleet(FleetSpec(
-            url=server.url, backend="sim", options={"seed": SEED, "per_token_s": 0.01},
+            url=server.url, backend="sim", options={"seed": SEED, "per_token_s": 0.005},
             actors=2, cpus_per_actor=0.5, name="fleet",
             worker={"capacity": 8, "lease_wait_s": 0.5, "lease_ttl_s": LEASE_TTL_S,
                     "drain_timeout_s": 30.0, "flush_interval_s": 0.05})).start()
@@ -143,3 +147,47 @@ def _answered(redis_url: str, namespace: str, rollout_ids: set[str], fleet) -> l
     states = slot_states(redis_url, namespace, sorted(rollout_ids))
     kinds = [decode_slot(s).kind if s is not None else "missing" for s in states.values()]
     return kinds if all(k in ("done", "cancelled") for k in kinds) else []
+
+
+def test_sara_fleet_joins_a_running_ray_cluster_and_drains_on_sigterm(tmp_path, redis_url,
+                                                                      ray_cpu):
+    """`sara fleet --address` (the entry point) joins the Ray cluster this test started, its
+    actor works for the scheduler, and SIGTERM drains it: exit 0, no lease left behind."""
+    from sara_client import SaraClient
+
+    namespace = f"fleet-cli-{uuid.uuid4().hex[:8]}"
+    server = serve_process(tmp_path, redis_url, namespace, "serve", group_size=K,
+                           batch_size=BATCH_SIZE, seed=SEED, lease_ttl_s=LEASE_TTL_S)
+    address = ray_cpu.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "sara_cli", "fleet", "--address", address, "--actors", "1",
+           "--cpus-per-actor", "0.5", "--name", "cli", "--backend", "sim", "--option",
+           "per_token_s=0.01", "--capacity", "4", "--drain-timeout", "20", "--log-level",
+           "warning"]
+    log = tmp_path / "fleet.log"
+    proc = None
+    try:
+        server.start()
+        load_synthetic(server.url, 40, SEED)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SARA_")},
+               "SARA_URL": server.url, "SARA_LEASE_TTL_S": str(LEASE_TTL_S)}
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        with SaraClient(server.url) as client:
+            wait_for(lambda: _completed_by(client, "cli-0") >= 8 or proc.poll() is not None, 90,
+                     "the fleet's actor to complete rollouts")
+            assert proc.poll() is None, log.read_text()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, log.read_text()
+            stats = client.stats()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        server.stop()
+    assert "drained" in log.read_text()
+    assert stats.queues.leased == 0, "the drain left a lease behind"
+    check_accounting(stats, count_slots(redis_url, namespace))
+
+
+def _completed_by(client, worker_id: str) -> int:
+    return sum(w.rollouts_completed for w in client.stats().workers if w.worker_id == worker_id)
