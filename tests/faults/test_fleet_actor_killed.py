@@ -191,3 +191,30 @@ def test_sara_fleet_joins_a_running_ray_cluster_and_drains_on_sigterm(tmp_path, 
 
 def _completed_by(client, worker_id: str) -> int:
     return sum(w.rollouts_completed for w in client.stats().workers if w.worker_id == worker_id)
+
+
+def test_a_loop_that_fails_for_good_is_raised_not_restarted(ray_cpu):
+    """An error of the loop itself (here: an unknown backend) ends the fleet's wait with that
+    error; only a dead process is restarted."""
+    from sara_worker.fleet import Fleet, FleetSpec
+
+    fleet = Fleet(FleetSpec(url="http://127.0.0.1:9", backend="no-such-backend", actors=1,
+                            cpus_per_actor=0.5, name="bad")).start()
+    try:
+        with pytest.raises(ValueError, match="no-such-backend"):
+            fleet.wait(timeout_s=60)
+        assert fleet.restarts == [0]
+    finally:
+        fleet.shutdown()
+
+
+def test_fleet_spec_refuses_an_empty_fleet_and_names_each_worker():
+    from sara_worker.fleet import FleetSpec
+
+    with pytest.raises(ValueError, match="at least one actor"):
+        FleetSpec(url="http://x", actors=0)
+    with pytest.raises(ValueError):
+        FleetSpec(url="http://x", gpus_per_actor=-1)
+    spec = FleetSpec(url="http://x", backend="sim", name="gpu", worker={"capacity": 3})
+    config = spec.worker_config(2)
+    assert (config.worker_id, config.backend_name, config.capacity) == ("gpu-2", "sim", 3)
