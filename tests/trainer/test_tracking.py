@@ -1,7 +1,7 @@
 """Experiment tracking (`sara_trainer.tracking`, `sara train --report-to`): the real trainer logs
 to TensorBoard and jsonl, and the event files read back (tensorboard's EventAccumulator) hold the
 values the trainer reported. W&B (offline) and MLflow (a local file store) run when installed, else
-skip with why; under CI, which installs both (.ci/run), a missing one fails instead."""
+skip with why; under CI, which installs both (.ci/run), a missing one fails (tests/_need.py)."""
 
 from __future__ import annotations
 
