@@ -20,6 +20,7 @@ from .errors import (
     SaraTimeoutError,
     ServerError,
     ServiceUnavailableError,
+    StaleWeightsError,
     UnexpectedResponseError,
 )
 from .models import (
@@ -90,6 +91,7 @@ __all__ = [
     "PermissionDeniedError",
     "NotFoundError",
     "ConflictError",
+    "StaleWeightsError",
     "PayloadTooLargeError",
     "ServiceUnavailableError",
     "ServerError",

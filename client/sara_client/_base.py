@@ -23,8 +23,8 @@ import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from .errors import (
-    NotFoundError, SaraConnectionError, SaraError, SaraTimeoutError, ServiceUnavailableError,
-    UnexpectedResponseError, error_class_for_status,
+    ConflictError, NotFoundError, SaraConnectionError, SaraError, SaraTimeoutError,
+    ServiceUnavailableError, StaleWeightsError, UnexpectedResponseError, error_class_for_status,
 )
 from .models import (
     MAX_WAIT_S, AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, ErrorEnvelope,
@@ -162,6 +162,8 @@ def error_from_response(response: httpx.Response) -> SaraError:
     """The typed error for a non-success answer."""
     cls = error_class_for_status(response.status_code)
     code, message, detail = _error_fields(response)
+    if cls is ConflictError and code == StaleWeightsError.default_code:
+        cls = StaleWeightsError
     kwargs: dict[str, Any] = {"status_code": response.status_code, "code": code,
                               "detail": detail, "response": response}
     if issubclass(cls, ServiceUnavailableError):
@@ -323,9 +325,10 @@ class BaseSaraClient:
     # --- workers ---------------------------------------------------------------------------------
 
     def _lease_call(self, worker_id: str, max_rollouts: int, wait_s: float,
-                    backend: str | None) -> Call[LeaseResponse]:
+                    backend: str | None, policy_version: int | None = None
+                    ) -> Call[LeaseResponse]:
         request = LeaseRequest(worker_id=worker_id, max_rollouts=max_rollouts, wait_s=wait_s,
-                               backend=backend)
+                               backend=backend, policy_version=policy_version)
         return Call("POST", "/leases", partial(parse_model, model=LeaseResponse),
                     json=_body(request), timeout=self._long_poll_timeout(request.wait_s))
 

@@ -125,12 +125,15 @@ class SaraClient(SyncRunControl, BaseSaraClient):
     # --- workers ---------------------------------------------------------------------------------
 
     def lease(self, worker_id: str, max_rollouts: int = 64, wait_s: float = 0.0,
-              backend: str | None = None) -> LeaseResponse:
+              backend: str | None = None, policy_version: int | None = None) -> LeaseResponse:
         """Lease up to ``max_rollouts`` rollouts, long-polling up to ``wait_s`` when none are ready.
 
-        ``lease_id`` is None in the answer when nothing was leased.
+        ``lease_id`` is None in the answer when nothing was leased. ``policy_version``: the
+        version the caller's weights hold; too old (current minus max_staleness) raises
+        :class:`StaleWeightsError`, which names the version and checkpoint to load.
         """
-        return self._send(self._lease_call(worker_id, max_rollouts, wait_s, backend))
+        return self._send(self._lease_call(worker_id, max_rollouts, wait_s, backend,
+                                           policy_version))
 
     def heartbeat(self, lease_id: str, worker_id: str) -> HeartbeatResponse:
         """Extend a lease; the answer lists rollouts this worker should abort."""

@@ -23,6 +23,7 @@ __all__ = [
     "PermissionDeniedError",
     "NotFoundError",
     "ConflictError",
+    "StaleWeightsError",
     "PayloadTooLargeError",
     "ServiceUnavailableError",
     "ServerError",
@@ -92,6 +93,22 @@ class ConflictError(SaraError):
     """409: the request conflicts with the current state (e.g. a stale policy version)."""
 
     default_code = "conflict"
+
+
+class StaleWeightsError(ConflictError):
+    """409 ``stale_weights``: the lease stated a policy version older than the current one minus
+    ``max_staleness``. Not retried as it is: load ``checkpoint`` (version ``current_version``),
+    then lease again with the new version (``sara worker`` does)."""
+
+    default_code = "stale_weights"
+
+    @property
+    def current_version(self) -> int:
+        return int((self.detail or {}).get("current_version", 0))
+
+    @property
+    def checkpoint(self) -> str | None:
+        return (self.detail or {}).get("checkpoint")
 
 
 class PayloadTooLargeError(SaraError):

@@ -125,6 +125,11 @@ class LeaseRequest(RequestModel):
     max_rollouts: int = Field(default=64, ge=1, le=MAX_ROLLOUTS_PER_LEASE)
     wait_s: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
     backend: str | None = Field(default=None, max_length=64)
+    policy_version: StoredInt | None = Field(
+        default=None, description="The policy version the worker's weights hold. One older than "
+                                  "the current version minus max_staleness is refused: 409 "
+                                  "stale_weights, its detail naming current_version and "
+                                  "checkpoint (load it, then lease again). Unset: not checked.")
 
 
 class Rollout(AnswerModel):
@@ -168,8 +173,11 @@ class RolloutResult(RequestModel):
     finish_reason: str = Field(default="stop", max_length=32,
                                description="stop, length or abort (cancelled mid-generation).")
     policy_version: StoredInt | None = Field(
-        default=None, description="Version that generated it; unset: the version its lease was "
-                                  "granted under.")
+        default=None, description="Version generation started at; unset: the version its "
+                                  "lease was granted under.")
+    policy_version_end: StoredInt | None = Field(
+        default=None, description="Version loaded when generation ended (an engine that took "
+                                  "new weights mid-generation); unset: policy_version.")
     token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT)
     logprobs: Logprobs = Field(default=None, max_length=MAX_TOKENS_PER_ROLLOUT,
                                description="Finite only: send -1e4 for -inf.")
@@ -215,6 +223,7 @@ class BatchRollout(AnswerModel):
     completion_tokens: int
     finish_reason: str = "stop"
     policy_version: int
+    policy_version_end: int | None = None  # when the worker reported one (unset: the same)
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
 

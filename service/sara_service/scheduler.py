@@ -24,7 +24,7 @@ from sara_client.models import (
 from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
-from .errors import Unfillable
+from .errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
 from .redis_format import PosteriorField, split_ids
 from .selection import (
@@ -223,6 +223,8 @@ class Scheduler:
     async def lease_json(self, req: LeaseRequest) -> bytes:
         """`lease`, answered as the LeaseResponse JSON the route sends (see `answers`)."""
         s = self.settings
+        if req.policy_version is not None:
+            await self._check_weights(req.policy_version)
         lease_id = _new_id("l")
         deadline = self.clock() + req.wait_s
         key_ttl = self._lease_key_ttl()
@@ -254,6 +256,21 @@ class Scheduler:
                 break
         return lease_answer(lease_id if leased else None, expires_at if leased else None,
                             policy, leased, cancel, self._sampling)
+
+    async def _check_weights(self, version: int) -> None:
+        """409 stale_weights when weights at `version` are older than max_staleness allows:
+        whatever they generated would be dropped at delivery. The detail says what to load."""
+        policy = await self.store.get_policy()
+        oldest = policy.version - self.settings.max_staleness
+        if version < oldest:
+            raise Conflict(
+                "stale_weights",
+                f"weights at policy version {version} are older than the oldest accepted "
+                f"({oldest}: current {policy.version} minus max_staleness "
+                f"{self.settings.max_staleness}); load {policy.checkpoint or 'the current policy'}"
+                f" (version {policy.version}), then lease again",
+                {"current_version": policy.version, "checkpoint": policy.checkpoint,
+                 "policy_version": version, "max_staleness": self.settings.max_staleness})
 
     def _lease_key_ttl(self) -> int:
         """Seconds a lease's keys live past their last lease or heartbeat."""

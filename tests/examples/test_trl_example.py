@@ -36,3 +36,26 @@ def test_group_advantages_are_normalised_per_group():
     adv = _group_advantages(torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0]), [2, 4])
     assert adv[:2].sum().abs() < 1e-5 and adv[2:].sum().abs() < 1e-5
     assert adv[0] < 0 < adv[1]
+
+
+@pytest.mark.parametrize("version", ["1.15.2", "1.17.0", "2.0.0"])
+def test_other_trl_releases_are_refused_with_the_supported_range(version):
+    from trl import GRPOTrainer
+
+    from sara_client.integrations.trl import check_trl
+
+    with pytest.raises(ImportError, match=r"supports TRL 1\.16\.x only.*found TRL "
+                                          + version.replace(".", r"\.")):
+        check_trl(version, GRPOTrainer)
+
+
+def test_the_installed_trl_is_a_supported_one_with_the_hook():
+    import trl
+    from trl import GRPOTrainer
+
+    from sara_client.integrations.trl import check_trl
+
+    check_trl(trl.__version__, GRPOTrainer)
+    check_trl("1.16.9", GRPOTrainer)
+    with pytest.raises(ImportError, match="_generate_and_score_completions"):
+        check_trl("1.16.0", object)  # a 1.16 whose trainer lost the method

@@ -1,6 +1,7 @@
 """Experiment tracking (`sara_trainer.tracking`, `sara train --report-to`): the real trainer logs
 to TensorBoard and jsonl, and the event files read back (tensorboard's EventAccumulator) hold the
-values the trainer reported. W&B and MLflow run offline when installed, else skip with why."""
+values the trainer reported. W&B (offline) and MLflow (a local file store) run when installed, else
+skip with why; under CI, which installs both (.ci/run), a missing one fails (tests/_need.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from sara_trainer.tracking import (
     JsonlReporter, Reporter, make_reporter, parse_report_to, step_metrics,
 )
+from tests._need import need
 
 
 def _read_tensorboard(log_dir) -> dict[str, dict[int, float]]:
@@ -146,8 +148,7 @@ def test_sara_train_report_to_refuses_an_unknown_backend(tmp_path):
 
 
 def test_wandb_offline_run(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install "
-                                        "'sara-rollout[wandb]')")
+    need("wandb", "wandb is not installed (pip install 'sara-rollout[wandb]')")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     reporter = make_reporter("wandb", tmp_path, run_name="t", config={"lr": 0.1})
@@ -158,8 +159,7 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
 
 
 def test_mlflow_file_store_run(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install "
-                                         "'sara-rollout[mlflow]')")
+    need("mlflow", "mlflow is not installed (pip install 'sara-rollout[mlflow]')")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     # the reporter opts in to MLflow 3's file store itself; set-then-delete restores it after
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")

@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable
 
 from sara_client import (
     MAX_ROLLOUTS_PER_LEASE, MAX_WAIT_S, AsyncSaraClient, LeaseResponse, PolicyInfo, Rollout,
-    RolloutResult, SaraError,
+    RolloutResult, SaraError, StaleWeightsError,
 )
 
 from . import verifiers
@@ -58,6 +58,7 @@ class _Held:  # a leased rollout whose generation has not finished
     cancelled: bool = False  # by the scheduler: report the abort
     lost: bool = False  # no longer ours: drop it, no report
     running: bool = False
+    end_version: int | None = None  # the version loaded when its generation ended
     task: asyncio.Task = None  # type: ignore[assignment]  # set right after creation
 
 
@@ -213,7 +214,11 @@ class WorkerLoop:
             try:
                 lease = await self.client.lease(self.config.worker_id, want,
                                                 min(self.config.lease_wait_s, MAX_WAIT_S),
-                                                self.config.backend_name or self.backend.name)
+                                                self.config.backend_name or self.backend.name,
+                                                policy_version=self._loaded_version)
+            except StaleWeightsError as exc:
+                await self._reload_for(exc)
+                continue
             except SaraError as exc:
                 await self._transient("lease", exc, backoff)
                 continue
@@ -221,6 +226,13 @@ class WorkerLoop:
             await self._accept(lease)
             if not lease.rollouts:
                 await self._pulse.pause(self.config.idle_poll_s)
+
+    async def _reload_for(self, exc: StaleWeightsError) -> None:
+        """409 stale_weights: load the version it names, then (the caller) lease again."""
+        self.counters.stale_refusals += 1
+        log.warning("lease refused, weights too old: %s", exc.message)
+        self._note_policy(PolicyInfo(version=exc.current_version, checkpoint=exc.checkpoint))
+        await self.wait_for(lambda: self._policy_ready.is_set() or self._stopping)
 
     async def _transient(self, what: str, exc: SaraError, backoff: Backoff) -> None:
         """Back off after a failed call; raise WorkerError when retrying cannot help."""
@@ -344,6 +356,7 @@ class WorkerLoop:
             return Generation(f"<error: {type(exc).__name__}: {exc}>"[:1000], 0, "error"), version
         finally:
             held.running = False
+            held.end_version = self._loaded_version  # before a reload can start
             self._running -= 1
             self._pulse.notify()
 
@@ -355,10 +368,10 @@ class WorkerLoop:
             if not held.cancelled:
                 self.counters.released += 1
                 return None
-            return make_result(held.rollout.rollout_id, gen, 0.0, version)
+            return make_result(held.rollout.rollout_id, gen, 0.0, version, held.end_version)
         self.counters.generated += 1
         reward = await self._verify(held.rollout, gen)
-        return make_result(held.rollout.rollout_id, gen, reward, version)
+        return make_result(held.rollout.rollout_id, gen, reward, version, held.end_version)
 
     async def _verify(self, rollout: Rollout, gen: Generation) -> float:
         try:

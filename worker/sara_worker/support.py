@@ -98,6 +98,7 @@ class WorkerCounters:
     heartbeats: int = 0
     policy_loads: int = 0
     transient_errors: int = 0
+    stale_refusals: int = 0  # leases refused with 409 stale_weights (then reloaded)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -135,9 +136,10 @@ def _finite(values: list[float] | None) -> list[float] | None:
     return out[:MAX_TOKENS_PER_ROLLOUT]
 
 
-def make_result(rollout_id: str, gen: Generation, reward: float,
-                policy_version: int) -> RolloutResult:
-    """A result the scheduler will accept: sizes clamped to its limits, numbers finite."""
+def make_result(rollout_id: str, gen: Generation, reward: float, policy_version: int,
+                policy_version_end: int | None = None) -> RolloutResult:
+    """A result the scheduler will accept: sizes clamped to its limits, numbers finite.
+    `policy_version`: the version generation started at; `policy_version_end`: where it ended."""
     token_ids = None if gen.token_ids is None else list(gen.token_ids)[:MAX_TOKENS_PER_ROLLOUT]
     return RolloutResult(
         rollout_id=rollout_id,
@@ -146,6 +148,7 @@ def make_result(rollout_id: str, gen: Generation, reward: float,
         completion_tokens=min(max(int(gen.completion_tokens), 0), MAX_TOKENS_PER_ROLLOUT),
         finish_reason=(gen.finish_reason or "stop")[:32],
         policy_version=max(int(policy_version), 0),
+        policy_version_end=None if policy_version_end is None else max(int(policy_version_end), 0),
         token_ids=token_ids,
         logprobs=_finite(gen.logprobs),
     )

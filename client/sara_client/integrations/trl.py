@@ -11,7 +11,9 @@ abandons saturated groups early, and TRL trains on the effective groups it deliv
                                   train_dataset=SaraGRPOTrainer.step_dataset(100))
         trainer.train()
 
-Checked against TRL 1.16 (`_generate_and_score_completions` is private there: pin TRL). What it
+Supports TRL 1.16.x only (`SUPPORTED_TRL`): it overrides GRPOTrainer's private
+`_generate_and_score_completions`, whose shape moves between releases, so importing it under any
+other TRL raises ImportError saying so (pip install 'trl>=1.16,<1.17'). What it
 does not do yet: vLLM generation (it samples with `model.generate`, one rollout at a time),
 multi-process training, and behaviour log-probs (the update is on-policy: generation and the
 step use the same weights, so TRL's own `per_token_logps.detach()` is exact).
@@ -22,7 +24,25 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import trl
 from trl import GRPOTrainer
+
+SUPPORTED_TRL = ("1.16",)  # major.minor releases the adapter was checked against
+HOOK = "_generate_and_score_completions"  # the private GRPOTrainer method it overrides
+
+
+def check_trl(version: str, trainer: type) -> None:
+    """ImportError naming the supported releases unless TRL `version` is one of them and its
+    GRPOTrainer still has the method this adapter overrides."""
+    if ".".join(version.split(".")[:2]) not in SUPPORTED_TRL or not callable(
+            getattr(trainer, HOOK, None)):
+        raise ImportError(
+            f"sara_client.integrations.trl supports TRL {', '.join(SUPPORTED_TRL)}.x only (it "
+            f"overrides GRPOTrainer.{HOOK}, private in TRL); found TRL {version}: "
+            "pip install 'trl>=1.16,<1.17'")
+
+
+check_trl(trl.__version__, GRPOTrainer)
 
 LEASE_SIZE = 16  # rollouts per lease: small, so cancels of abandoned groups land between leases
 

@@ -12,7 +12,9 @@ router = APIRouter(prefix="/leases", tags=["workers"], dependencies=[WorkerRole]
                    responses=AUTH_RESPONSES)
 
 
-@router.post("", response_model=LeaseResponse)
+@router.post("", response_model=LeaseResponse,
+             responses={409: {"description": "stale_weights: the stated policy_version is too "
+                                             "old; detail names current_version and checkpoint"}})
 async def lease(body: LeaseRequest, scheduler: SchedulerDep, request: Request):
     """Lease rollouts to generate; long-polls up to wait_s when there is nothing to do."""
     check_worker(request, body.worker_id)
