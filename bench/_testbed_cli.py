@@ -37,7 +37,7 @@ from typing import Any
 
 from _provenance import git_state
 from _testbed import LABELS, METHODS, PRINCIPAL, Protocol, run_one
-from _testbed_report import chart, criteria, final_accuracy, format_tables, method_summary, \
+from _testbed_report import chart, criteria, final_accuracy, format_report, method_summary, \
     target_ratios
 
 DEFAULT_GRID = "1e-4,3e-4,1e-3"
@@ -165,7 +165,7 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
                   runs: list[dict[str, Any]], chosen: dict[str, Any], seconds: float) -> None:
     summary = [method_summary(runs, m, protocol.rollouts) for m in args.methods]
     crit, goals = criteria(runs), target_ratios(summary)
-    text = header(argv, protocol, chosen, seconds) + format_tables(summary, crit) + \
+    text = header(argv, protocol, chosen, seconds) + format_report(summary, crit, runs) + \
         "\n\ntargets: " + json.dumps(goals, default=float)
     print("\n" + text)
     prefix.with_suffix(".txt").write_text(text + "\n")

@@ -167,6 +167,30 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
     return "\n".join(lines + ["", format_criteria(crit)])
 
 
+def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
+                  runs: list[dict[str, Any]]) -> str:
+    """The whole text report after the header: tables, criteria, then one line per run."""
+    return format_tables(summary, crit) + "\n\n" + format_runs(runs)
+
+
+def format_runs(runs: list[dict[str, Any]]) -> str:
+    """One line per run: its learning rate, steps, cost to DS's final accuracy and ratio."""
+    head = (f"{'method':<24}{'seed':>5}{'lr':>8}{'steps':>7}{'start':>8}{'final':>8}"
+            f"{'rollouts to DS final':>22}{'x DS':>7}{'revisits':>10}{'run s':>7}")
+    lines = ["per run (test split)", head, "-" * len(head)]
+    for r in sorted(runs, key=lambda r: (r["method"], r["seed"])):
+        t = targets(runs, r["seed"])
+        spent = cost_to(r, t["ds_final"], "rollouts") if t else None
+        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        base = cost_to(ds, t["ds_final"], "rollouts") if t and ds else None
+        ratio = f"{spent / base:.2f}" if spent is not None and base else "-"
+        lines.append(f"{r['label']:<24}{r['seed']:>5}{r['lr']:>8g}{r['steps']:>7}"
+                     f"{100 * r['curve'][0]['accuracy']:>7.1f}%{100 * final_accuracy(r):>7.1f}%"
+                     f"{'not reached' if spent is None else f'{spent:,.0f}':>22}{ratio:>7}"
+                     f"{r['pool_revisits']:>10.1f}{r['seconds']:>7.0f}")
+    return "\n".join(lines)
+
+
 def format_criteria(crit: dict[str, Any]) -> str:
     def flag(ok: bool) -> str:
         return "met" if ok else "NOT met"

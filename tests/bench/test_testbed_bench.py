@@ -54,8 +54,9 @@ def test_targets_ratios_and_verdicts_come_from_each_seeds_ds_run():
     goals = report.target_ratios(summary)
     assert goals["sara_vs_ds"]["met"] and goals["sara_vs_ds"]["bound"] == 0.8
     assert goals["sara_below_uniform_matched"]["met"]
-    text = report.format_tables(summary, report.criteria(runs))
+    text = report.format_report(summary, report.criteria(runs), runs)
     assert "to DS's final accuracy" in text and "testbed criteria" in text
+    assert "0.67" in text.split("per run")[1]      # each SARA seed's own ratio
 
 
 def test_lasting_learning_is_judged_in_standard_errors():
