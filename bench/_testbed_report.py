@@ -22,6 +22,8 @@ from typing import Any
 from _stats import first_crossing, mean_ci, value_at
 
 COSTS = ("rollouts", "tokens", "generation_s", "training_s")
+# the optimizer step at which the report also compares accuracy (every full run passes it)
+EQUAL_STEPS = 100
 TARGETS = {"ds_final": "DS's final accuracy", "halfway": "halfway from the start to it"}
 
 
@@ -71,6 +73,12 @@ def method_summary(runs: list[dict[str, Any]], method: str, budget: int) -> dict
     out["final_accuracy"] = mean_ci([final_accuracy(r) for r in mine])
     out["rollouts_per_mixed_group"] = mean_ci([r["rollouts"] / max(1, r["groups_mixed"])
                                                for r in mine])
+    # equal optimizer steps separates what a batch teaches from what it costs
+    at_steps = [value_at([(p["steps"], p["accuracy"]) for p in r["curve"]], EQUAL_STEPS)
+                for r in mine]
+    out["acc_at_steps"] = mean_ci([a for a in at_steps if a is not None])
+    out["generation_ms_per_rollout"] = mean_ci(
+        [1000 * r["curve"][-1]["generation_s"] / max(1, r["curve"][-1]["rollouts"]) for r in mine])
     out["steps"] = mean_ci([r["steps"] for r in mine])
     out["seconds"] = mean_ci([r["seconds"] for r in mine])
     return out
@@ -156,13 +164,16 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
                 f"{_ci(e[f'{name}_training_s'], 1, '.1f'):>14}")
         lines.append("")
     head = (f"{'method':<24}{'acc @ half':>14}{'acc @ budget':>14}{'final':>14}"
-            f"{'rollouts/mixed':>16}{'steps':>12}{'run s':>10}")
+            f"{f'@ {EQUAL_STEPS} steps':>14}{'rollouts/mixed':>16}{'gen ms/rollout':>16}"
+            f"{'steps':>12}{'run s':>10}")
     lines += ["accuracy at equal rollouts (%, mean ± 95% CI)", head, "-" * len(head)]
     for e in summary:
         lines.append(f"{e['label']:<24}{_ci(e['acc_at_0.5'], 100, '.1f'):>14}"
                      f"{_ci(e['acc_at_1'], 100, '.1f'):>14}"
                      f"{_ci(e['final_accuracy'], 100, '.1f'):>14}"
+                     f"{_ci(e['acc_at_steps'], 100, '.1f'):>14}"
                      f"{_ci(e['rollouts_per_mixed_group'], 1, '.1f'):>16}"
+                     f"{_ci(e['generation_ms_per_rollout'], 1, '.2f'):>16}"
                      f"{_ci(e['steps'], 1, '.0f'):>12}{_ci(e['seconds'], 1, '.0f'):>10}")
     return "\n".join(lines + ["", format_criteria(crit)])
 

@@ -59,6 +59,16 @@ def test_targets_ratios_and_verdicts_come_from_each_seeds_ds_run():
     assert "0.67" in text.split("per run")[1]      # each SARA seed's own ratio
 
 
+def test_accuracy_at_equal_steps_and_generation_cost_per_rollout():
+    accs = [0.4 + 0.01 * i for i in range(12)]           # step 10 i: step 100 is point 10
+    short = _run("sara", 1, [0.4, 0.5])                   # never reaches step 100: left out
+    figures = report.method_summary([_run("sara", 0, accs), short], "sara", 11_000)
+    assert figures["acc_at_steps"] == (pytest.approx(0.5), 0.0)
+    # 1 generation second per 1,000 rollouts on both runs' curves
+    assert figures["generation_ms_per_rollout"][0] == pytest.approx(1.0)
+    assert "@ 100 steps" in report.format_tables([figures], report.criteria([short]))
+
+
 def test_lasting_learning_is_judged_in_standard_errors():
     # 0.40 -> 0.60 rising until the last points, steps 0..160
     slow = _run("ds", 0, [0.40, 0.46, 0.50, 0.53, 0.55, 0.57, 0.58, 0.595, 0.60, 0.60, 0.60,
