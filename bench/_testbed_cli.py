@@ -165,7 +165,10 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
                   runs: list[dict[str, Any]], chosen: dict[str, Any], seconds: float) -> None:
     summary = [method_summary(runs, m, protocol.rollouts) for m in args.methods]
     crit, goals = criteria(runs), target_ratios(summary)
-    text = header(argv, protocol, chosen, seconds) + format_report(summary, crit, runs) + \
+    # a resumed recording's invocation is short; the runs' own times say what it cost
+    recorded_s = sum(r["seconds"] for r in runs)
+    text = header(argv, protocol, chosen, seconds, recorded_s) + \
+        format_report(summary, crit, runs) + \
         "\n\ntargets: " + json.dumps(goals, default=float)
     print("\n" + text)
     prefix.with_suffix(".txt").write_text(text + "\n")
@@ -178,7 +181,8 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
         + (f", {prefix.with_suffix('.png')}" if drew else ""))
 
 
-def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds: float) -> str:
+def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds: float,
+           recorded_s: float) -> str:
     lrs = ", ".join(f"{m} {c['lr']:g}" for m, c in chosen.items())
     return "\n".join([
         "The learning testbed: rollouts to a target accuracy under the fair protocol "
@@ -187,7 +191,8 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         f"code:      {git_state(('service', 'client', 'worker', 'trainer', 'demo'))}",
         f"command:   {shlex.join(['python', 'bench/e2e.py', '--testbed', *argv])}",
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}; {seconds / 60:.1f} min in all; load average at the end "
+        f"{platform.python_version()}; this invocation {seconds / 60:.1f} min, the test runs' own "
+        f"times {recorded_s / 60:.1f} min; load average at the end "
         f"{os.getloadavg()[0]:.1f}",
         f"protocol:  B = {protocol.batch_groups} groups a step, k = {protocol.k}, "
         f"{protocol.rollouts:,} rollouts a run, pool {protocol.pool_size} prompts, test "

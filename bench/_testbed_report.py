@@ -152,7 +152,7 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
     lines = []
     for name, title in TARGETS.items():
         head = (f"{'method':<24}{'lr':>8}{'rollouts':>18}{'x DS':>13}{'seeds':>7}"
-                f"{'tokens':>20}{'gen s':>14}{'train s':>14}")
+                f"{'tokens':>22}{'gen s':>16}{'train s':>16}")
         lines += [f"to {title} (mean ± 95% CI over seeds; x DS: per-seed ratio)", head,
                   "-" * len(head)]
         for e in summary:
@@ -160,8 +160,8 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
             lines.append(
                 f"{e['label']:<24}{'/'.join(f'{x:g}' for x in e['lr']):>8}{_ci(r):>18}"
                 f"{_ci(e[f'{name}_rollouts_ratio'], 1, '.2f'):>13}{r[2]:>3}/{len(e['seeds']):<3}"
-                f"{_ci(e[f'{name}_tokens']):>20}{_ci(e[f'{name}_generation_s'], 1, '.1f'):>14}"
-                f"{_ci(e[f'{name}_training_s'], 1, '.1f'):>14}")
+                f"{_ci(e[f'{name}_tokens']):>22}{_ci(e[f'{name}_generation_s'], 1, '.1f'):>16}"
+                f"{_ci(e[f'{name}_training_s'], 1, '.1f'):>16}")
         lines.append("")
     head = (f"{'method':<24}{'acc @ half':>14}{'acc @ budget':>14}{'final':>14}"
             f"{f'@ {EQUAL_STEPS} steps':>14}{'rollouts/mixed':>16}{'gen ms/rollout':>16}"
