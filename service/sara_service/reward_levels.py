@@ -63,6 +63,15 @@ def first_non_binary(rewards: Sequence[float]) -> float | None:
     return None
 
 
+def non_binary_warning(reward: float) -> str:
+    """What the outcome view says, once per run, when a reward other than 0 and 1 arrives."""
+    return (f"rewards are not 0/1 (first seen: {reward:g}): under SARA_EFFECTIVE=outcome only "
+            "reward >= SARA_SUCCESS_THRESHOLD counts, so groups whose rewards differ below or "
+            "above it are dropped or abandoned as pure; SARA_EFFECTIVE=reward treats a group as "
+            "effective when its rewards are not all equal (see docs/architecture.md, "
+            "\"The reward view\")")
+
+
 def _check(counts: Sequence[int], k: int, alphas: Sequence[float]) -> int:
     if len(counts) != len(alphas) or len(alphas) < MIN_LEVELS:
         raise ValueError(f"counts and alphas need one entry per level (>= {MIN_LEVELS}); got "
