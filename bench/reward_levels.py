@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     rows = [asyncio.run(run_method(m, pool, rewards, args)) for m in args.methods.split(",")]
     doc = {"command": " ".join(["python", "bench/reward_levels.py", *(argv or sys.argv[1:])]),
-           "commit": git_state(), "machine": _machine(), "seconds": time.perf_counter() - started,
+           "commit": git_state(), "machine": _machine(),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "seconds": time.perf_counter() - started,
            "args": {k: str(v) for k, v in vars(args).items()}, "threshold": plan.after_failures,
            "exact": figures, "rows": rows}
     lines = _report(doc)
@@ -223,7 +225,7 @@ def _machine() -> str:
 
 def _report(doc: dict) -> list[str]:
     f = doc["exact"]
-    return [f"$ {doc['command']}", f"commit {doc['commit']}; {doc['machine']}; "
+    return [f"$ {doc['command']}", f"{doc['date']}; commit {doc['commit']}; {doc['machine']}; "
             f"{doc['seconds']:.0f} s",
             f"P(not all equal) over the pool = {f['p_not_all_equal']:.4f}; SARA's threshold: "
             f"abandon after {doc['threshold']} equal rewards; exact DS = {f['ds']:.3f} "
