@@ -84,6 +84,7 @@ class Scheduler:
         # grow as the run sees new ones (`_refresh_levels`); settings refuse auto and history.
         self.reward_view = s.effective == "reward"
         self._levels = levels_in_use(s.reward_levels, 0)
+        self._known_levels: set[str] = set()  # levels this process has reported or read
         self._warned_non_binary = False  # this process has told the store (the log says it once)
         # With a uniform prior every group of a run has the same plan: compute it once (under
         # auto, once per price: `_plans_for` refreshes it).
@@ -101,7 +102,9 @@ class Scheduler:
 
     async def _refresh_levels(self) -> None:
         """Under the reward view, plan for every level the run has seen (the set only grows):
-        one more level makes a pure prefix less telling, so groups are abandoned later."""
+        one more level makes a pure prefix less telling, so groups are abandoned later. Called
+        when a report brings a level this process has not seen, by the upkeep loop (levels other
+        replicas saw) and before opening groups, never on a plain lease: it is one round trip."""
         if not self.reward_view:
             return
         levels = levels_in_use(self.settings.reward_levels, await self.store.reward_level_count())
@@ -264,7 +267,6 @@ class Scheduler:
             # under one plan for every group, the script also opens groups for what the queue
             # lacks; else (or when the epoch ran out) they are opened here, when the script saw
             # room for them, and leased by a second call
-            await self._refresh_levels()
             opening = self._opening(req.max_rollouts)
             grant = await self.store.lease_with_policy(
                 now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
@@ -337,6 +339,9 @@ class Scheduler:
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
             holder_only=holder_only, levels=levels, levels_in_use=self._levels)
+        if levels is not None and not self._known_levels.issuperset(levels):
+            self._known_levels.update(levels)
+            await self._refresh_levels()
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,
@@ -426,6 +431,7 @@ class Scheduler:
         keep up with a busy run's group turnover, and memory would grow without end.
         """
         now = self.clock()
+        await self._refresh_levels()
         expired = await self.store.expire_leases(now)
         collected = 0
         for _ in range(gc_rounds):

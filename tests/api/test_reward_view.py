@@ -113,6 +113,19 @@ async def test_a_new_level_makes_plans_abandon_later(make_api):
     assert issued and all(n == 6 for n in issued.values()), issued
 
 
+async def test_a_replica_learns_the_levels_another_saw_in_its_upkeep(make_api):
+    settings = dict(effective="reward", reward_tolerance=0.01, batch_size=4, prefetch_batches=1)
+    a, b = await make_api(**settings), await make_api(**settings)
+    await a.add(*POOL[:40])
+    lease = await a.lease("w1", 4)
+    await a.report("w1", [result_for(r, reward=[0.0, 0.1, 1.0, 0.0][i])
+                          for i, r in enumerate(lease["rollouts"])])
+    await b.app.state.scheduler.maintain()   # the upkeep loop's tick on replica b
+    issued = _issued((await b.lease("w2", 64))["rollouts"])
+    issued.pop(lease["rollouts"][0]["group_id"])
+    assert issued and all(n == 6 for n in issued.values()), issued
+
+
 def _issued(rollouts: list[dict]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rollouts:
