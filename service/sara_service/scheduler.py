@@ -22,14 +22,14 @@ from sara_client.models import (
     ResultsResponse, SamplingParams, prompt_json,
 )
 
-from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
 from .errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
 from .redis_format import PosteriorField, split_ids
 from .reward_levels import (
-    first_non_binary, level_of, levels_in_use, non_binary_warning, plan_levels,
+    first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
 )
 from .selection import (
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
@@ -182,7 +182,8 @@ class Scheduler:
         chosen, skipped = [], 0
         for pid, post in zip(pids, posts):
             a, b = self._posterior_now(post, version, clock)
-            if s.selection == "history" and p_eff(0, 0, s.group_size, a, b) < s.tau_skip:
+            if s.selection == "history" and self._start_chance(post, a, b, version,
+                                                               clock) < s.tau_skip:
                 skipped += 1
                 continue
             plan = self._plan_for(a, b)
@@ -191,6 +192,24 @@ class Scheduler:
                 continue
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
+
+    def _start_chance(self, post: dict | None, a: float, b: float, version: int,
+                      clock: float) -> float:
+        """P(a new group of the prompt comes out effective): its Beta(a, b) p_eff, or under the
+        reward view its Dirichlet's (alpha0 per level plus its level counts decayed to now)."""
+        s = self.settings
+        if not self.reward_view:
+            return p_eff(0, 0, s.group_size, a, b)
+        f = PosteriorField
+        counts = list(((post or {}).get(f.level_counts) or {}).values())
+        weight = 1.0
+        if post:
+            weight = decay_weight(s.posterior_decay, max(0, version - int(post.get(f.version,
+                                  version))), s.posterior_half_life,
+                                  max(0.0, clock - post.get(f.clock, clock)))
+        alphas = [s.prior_alpha + weight * c for c in counts]
+        alphas += [s.prior_alpha] * max(0, self._levels - len(alphas))
+        return p_eff_levels([0] * len(alphas), s.group_size, alphas)
 
     def _plan_for(self, a: float, b: float) -> GroupPlan:
         """The plan of one prompt whose posterior is Beta(a, b) now."""

@@ -20,7 +20,6 @@ EffectiveView = Literal["outcome", "reward"]
 REWARD_VIEW_REFUSES = {
     "tau_low=auto": "its price model (autotau) is a pool of success rates",
     "prior=history": "per-prompt plans would need a table per level",
-    "selection=history": "it skips by the Beta posterior's p_eff",
     "selection=mopps": "it samples the Beta posterior's success rate",
 }
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
@@ -151,14 +150,13 @@ class Settings(BaseSettings):
         from .reward_levels import level_table, plan_levels
 
         chosen = {"tau_low=auto": self.tau_low == "auto", "prior=history": self.prior == "history",
-                  "selection=history": self.selection == "history",
                   "selection=mopps": self.selection == "mopps"}
         refused = [name for name, on in chosen.items() if on]
         if refused:
             why = "; ".join(f"{name}: {REWARD_VIEW_REFUSES[name]}" for name in refused)
             raise ValueError(f"SARA_EFFECTIVE=reward does not support {', '.join(refused)} ({why})"
                              "; use a fixed SARA_TAU_LOW, SARA_PRIOR=uniform and SARA_SELECTION="
-                             "epoch or dps, or SARA_EFFECTIVE=outcome")
+                             "epoch, history or dps, or SARA_EFFECTIVE=outcome")
         if self.prior_alpha != self.prior_beta:
             raise ValueError(
                 "SARA_EFFECTIVE=reward uses a symmetric Dirichlet prior (SARA_PRIOR_ALPHA for "

@@ -144,6 +144,31 @@ async def test_dps_selection_runs_under_the_reward_view(make_api):
     assert 'sara_warnings{namespace="default"} 0.0' in metrics
 
 
+async def test_history_selection_skips_prompts_whose_rewards_never_differ(make_api):
+    """Under the reward view a prompt is skipped once its Dirichlet says a new group is unlikely
+    to come out with differing rewards: here, prompts that always score 0.1 (always formatted,
+    never right), beside prompts whose formats vary."""
+    api = await make_api(effective="reward", reward_tolerance=0.01, selection="history",
+                         tau_skip=0.5, batch_size=4, prefetch_batches=2)
+    await api.add(*[prompt_spec(f"same{i}", "fail") for i in range(10)],
+                  *[prompt_spec(f"vary{i}", "fail") for i in range(10)])
+    for _ in range(30):
+        lease = await api.lease("w1", 64)
+        if lease["rollouts"]:
+            await api.report("w1", [result_for(r, reward=0.1 if r["prompt_id"].startswith("same")
+                                               else shaped(r["rollout_id"]))
+                                    for r in lease["rollouts"]])
+        while (r := await api.next_batch()).status_code == 200:
+            await api.ok("POST", f"/batches/{r.json()['batch_id']}/ack")
+    c = await api.counters()
+    assert c["groups_skipped"] > 0
+    same = [await api.prompt(f"same{i}") for i in range(10)]
+    vary = [await api.prompt(f"vary{i}") for i in range(10)]
+    # the pure prompts stop being visited; the varied ones keep coming back
+    assert sum(p["history"]["groups"] for p in vary) >= 1.5 * sum(p["history"]["groups"]
+                                                                  for p in same)
+
+
 async def test_the_reward_view_is_refused_with_what_it_cannot_run(make_app):
     from pydantic import ValidationError
 

@@ -11,7 +11,6 @@ from sara_service.settings import Settings
 @pytest.mark.parametrize("over,named", [
     ({"tau_low": "auto"}, "tau_low=auto"),
     ({"prior": "history"}, "prior=history"),
-    ({"selection": "history"}, "selection=history"),
     ({"selection": "mopps"}, "selection=mopps"),
 ])
 def test_what_the_reward_view_cannot_run_is_refused(over, named):
@@ -38,6 +37,7 @@ def test_a_reward_view_plan_that_skips_every_prompt_is_refused():
 
 @pytest.mark.parametrize("over", [
     {}, {"policy": "dynamic_sampling"}, {"policy": "uniform"}, {"selection": "dps"},
+    {"selection": "history"},
     {"reward_tolerance": 0.01, "reward_levels": 3},
 ])
 def test_what_the_reward_view_runs_is_accepted(over):
