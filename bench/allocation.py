@@ -89,6 +89,7 @@ from typing import Any, Callable, Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _provenance import git_state  # noqa: E402  (bench/ is not a package)
+from _shutdown import unstick_shutdown  # noqa: E402
 from _pools import (  # noqa: E402  (bench/ is not a package)
     DEFAULT_DRIFT, EPOCHS_PER_RUN, POOLS, Lengths, Pool, expectation, make_pool, p_eff_pure,
     thresholds,
@@ -249,7 +250,11 @@ class Tally:
     groups: dict[str, list] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)   # the service's own, at the end
     seconds: float = 0.0
-    shutdown_recancels: int = 0  # see _unstick_shutdown
+    shutdown_recancels: int = 0  # see _shutdown.unstick_shutdown
+
+    def note_recancel(self) -> None:
+        """The shutdown workaround had to cancel the maintenance task once more."""
+        self.shutdown_recancels += 1
 
     def false_probability(self, gamma: float, n: int, failing: bool) -> float:
         rest = self.k - n
@@ -835,20 +840,6 @@ class Job:
         return f"{self.cfg.pool} k={self.cfg.k} {METHODS[self.method].label}{suffix}"
 
 
-async def _unstick_shutdown(tally: Tally, every_s: float = 2.0) -> None:
-    """Work around a shutdown hang in the service (reported, not fixed here): the app's
-    lifespan stops its maintenance task with one `cancel()` and then waits for it, but on
-    Python 3.11 a cancel that lands inside a redis-py command can be swallowed
-    (`asyncio.wait_for` inside redis-py returns the command's result instead of raising), and
-    the loop then runs forever. While the app shuts down, cancel that task again now and then."""
-    while True:
-        await asyncio.sleep(every_s)
-        for task in asyncio.all_tasks():
-            if task.get_coro().__name__ == "_maintenance_loop" and not task.done():
-                task.cancel()
-                tally.shutdown_recancels += 1
-
-
 async def _run_service(job: Job, pool: Pool, sim: SimBackend,
                        progress: Callable[[int], None] | None) -> Tally:
     import sara_client
@@ -861,7 +852,7 @@ async def _run_service(job: Job, pool: Pool, sim: SimBackend,
                 for i in range(0, len(pool.prompts), 5000):
                     await client.add_prompts(pool.prompts[i:i + 5000])
                 tally = await drive(ServiceApi(client), method, job.cfg, pool, sim, progress)
-                unstick = asyncio.ensure_future(_unstick_shutdown(tally))
+                unstick = asyncio.ensure_future(unstick_shutdown(tally.note_recancel))
         return tally
     finally:
         if unstick is not None:

@@ -37,6 +37,9 @@ def serve(
     tau_low: Annotated[Optional[str], typer.Option(
         help='Abandonment threshold in [0, 1], or "auto" (cost-aware).')] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Groups per batch.")] = None,
+    effective: Annotated[Optional[str], typer.Option(
+        help="What makes a group effective: outcome (successes and failures mix) or reward "
+             "(its rewards are not all equal).")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="Embedded Redis data dir.")] = None,
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
     log_level: LogLevelOpt = "info",
@@ -45,7 +48,7 @@ def serve(
     """Run the scheduler. Flags override SARA_* environment variables."""
     flags = {"redis_url": redis_url, "namespace": namespace, "policy": policy,
              "selection": selection, "group_size": group_size, "tau_low": tau_low,
-             "batch_size": batch_size, "data_dir": data_dir}
+             "batch_size": batch_size, "effective": effective, "data_dir": data_dir}
     overrides = {k: v for k, v in flags.items() if v is not None}
     settings = _settings(overrides)
     log_format = setup_logging(log_level, log_format, run=settings.namespace)

@@ -68,6 +68,8 @@ def _print_table(data: dict[str, Any], url: str) -> None:
                   f"k={cfg.get('group_size', '?')}  policy "
                   f"v{(data.get('policy') or {}).get('version')}", highlight=False)
     console.print(estimate_line(data.get("derived") or {}), highlight=False)
+    for warning in data.get("warnings") or []:
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, markup=True)
     table = Table()
     for column, justify in (("section", "left"), ("metric", "left"), ("value", "right")):
         table.add_column(column, justify=justify)

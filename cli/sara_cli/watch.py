@@ -117,7 +117,8 @@ def _header(s: Mapping[str, Any]) -> RenderableType:
         (f"  k={cfg.get('group_size', '?')}  tau_low={cfg.get('tau_low', '?')}", ""),
         (f"  policy v{policy.get('version', '?')}", "bold"),
         ("  auth " + ("on" if cfg.get("auth_enabled") else "OPEN"), ""))
-    return Group(head, _verdict(saving, s.get("derived") or {}))
+    warnings = [Text("warning: " + w, style="bold yellow") for w in s.get("warnings") or []]
+    return Group(head, _verdict(saving, s.get("derived") or {}), *warnings)
 
 
 def _verdict(saving: tuple, d: Mapping[str, Any]) -> Text:

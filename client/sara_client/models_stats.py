@@ -124,6 +124,12 @@ class StatsResponse(AnswerModel):
         default_factory=dict, description="Rollouts done at abandonment -> groups.")
     workers: list[WorkerStats] = Field(default_factory=list)
     recent_batches: list[dict[str, Any]] = Field(default_factory=list)
+    reward_levels: dict[str, int] = Field(
+        default_factory=dict, description="Under SARA_EFFECTIVE=reward: reward level (the "
+                                          "reward / SARA_REWARD_TOLERANCE grid point) -> rollouts.")
+    warnings: list[str] = Field(
+        default_factory=list, description="What the run should know about its configuration: "
+                                          "rewards other than 0/1 under SARA_EFFECTIVE=outcome.")
     auto_thresholds: dict[str, Any] | None = Field(
         None, description="Under tau_low=auto: the price rho in force (rollouts per effective "
                           "group), its live and model parts, and the fresh-prompt thresholds.")

@@ -102,7 +102,7 @@ def _clamp01(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-def _log_stay_pure(a: float, b: float, k: int) -> list[float]:
+def log_stay_pure(a: float, b: float, k: int) -> list[float]:
     """logs[n] = log B(a, b+k) / B(a, b+n): the log-probability that, after n failures, the
     remaining k-n draws fail too. logs[k] = 0. (Swap a and b for the all-success side.)
 
@@ -129,8 +129,8 @@ def _p_eff_start(fail_logs: list[float], success_logs: list[float]) -> float:
 
 def _p_eff_tables(k: int, a: float, b: float) -> tuple[list[float], list[float]]:
     """p_eff along the all-fail and all-success prefixes, n = 0..k (entry 0 is shared)."""
-    fail_logs = _log_stay_pure(a, b, k)
-    success_logs = _log_stay_pure(b, a, k)
+    fail_logs = log_stay_pure(a, b, k)
+    success_logs = log_stay_pure(b, a, k)
     start = _p_eff_start(fail_logs, success_logs)
     fail = [start] + [_clamp01(-math.expm1(x)) for x in fail_logs[1:]]
     success = [start] + [_clamp01(-math.expm1(x)) for x in success_logs[1:]]
@@ -149,8 +149,8 @@ def p_eff(n: int, s: int, k: int, alpha0: float, beta0: float) -> float:
     if 0 < s < n:
         return 1.0
     if n == 0:
-        return _p_eff_start(_log_stay_pure(a, b, k), _log_stay_pure(b, a, k))
-    logs = _log_stay_pure(a, b, k) if s == 0 else _log_stay_pure(b, a, k)
+        return _p_eff_start(log_stay_pure(a, b, k), log_stay_pure(b, a, k))
+    logs = log_stay_pure(a, b, k) if s == 0 else log_stay_pure(b, a, k)
     return _clamp01(-math.expm1(logs[n]))
 
 
@@ -256,8 +256,16 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float 
         if policy == "sara":
             return _auto_plan(k, a, b, rho, tau_floor, pool, fill, allow_skip)
         tau_low = 0.0  # the baselines never abandon: any τ gives the same plan
-    tau = _unit("tau_low", tau_low)
     fail, success = _p_eff_tables(k, a, b)
+    return plan_from_tables(policy, k, fail, success, tau_low)
+
+
+def plan_from_tables(policy: str, k: int, fail: list[float], success: list[float],
+                     tau_low: float) -> GroupPlan:
+    """The plan of `policy` from p_eff along the two pure sides (entries n = 0..k): SARA's
+    thresholds are where each side first drops below tau_low; the baselines never abandon.
+    `sara_service.reward_levels` plans the reward view with it, from the Dirichlet's tables."""
+    tau = _unit("tau_low", tau_low)
     if policy == "sara":
         limits = _thresholds(fail, success, k, tau)
     else:

@@ -196,6 +196,18 @@ class Keys:
         """Hash: rollouts done at abandonment -> groups."""
         return self._k("stats:abandon_hist")
 
+    @property
+    def reward_levels(self) -> str:
+        """Hash, under SARA_EFFECTIVE=reward: a reward level (its grid point, an integer as
+        text) -> rollouts that reached it. Its length is the number of levels seen so far."""
+        return self._k("stats:reward_levels")
+
+    @property
+    def non_binary_reward(self) -> str:
+        """String: the first reward other than 0 and 1 that arrived under the outcome view
+        (set once per run: the warning is said once)."""
+        return self._k("stats:non_binary_reward")
+
     # workers: zset worker_id -> last seen; worker_info: hash "<worker_id>|<name>" -> value, for
     # name in completed, tokens, policy_version, leases, first_seen, backend
     @property

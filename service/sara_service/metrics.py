@@ -76,6 +76,10 @@ class SnapshotCollector:
         gauges += [(f"sara_queue_{f}", _help(i, f), getattr(stats.queues, f))
                    for f, i in Queues.model_fields.items()]
         gauges.append(("sara_policy_version", "current policy version", stats.policy.version))
+        gauges.append(("sara_reward_levels_seen", "reward levels the run has seen "
+                       "(SARA_EFFECTIVE=reward)", len(stats.reward_levels)))
+        gauges.append(("sara_warnings", "warnings /stats shows (rewards not 0/1 under "
+                       "SARA_EFFECTIVE=outcome)", len(stats.warnings)))
         auto = stats.auto_thresholds or {}
         gauges += [(f"sara_auto_{f}", h, auto.get(f)) for f, h in _AUTO]
         for name, help_, value in gauges:

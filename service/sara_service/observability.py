@@ -14,6 +14,7 @@ from . import ds_estimate as ds
 from .errors import NotFound
 from .keys import rollout_id
 from .redis_format import GroupField as G
+from .reward_levels import non_binary_warning
 from .settings import Settings
 from .store import Store
 from .store_codec import stored_int
@@ -122,6 +123,13 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
     return out
 
 
+def _warnings(non_binary_reward: float | None, settings: Settings) -> list[str]:
+    """The outcome view's warning once a reward other than 0/1 has arrived."""
+    if non_binary_reward is None or settings.effective != "outcome":
+        return []
+    return [non_binary_warning(non_binary_reward)]
+
+
 async def stats_view(store: Store, settings: Settings, now: float,
                      auto: Any = None) -> StatsResponse:
     """Everything /stats shows, read in one pipelined round trip; `auto` is the scheduler's
@@ -142,4 +150,6 @@ async def stats_view(store: Store, settings: Settings, now: float,
         abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),
         workers=_workers(snap.workers, now, settings.worker_stale_s),
         recent_batches=snap.recent_batches,
+        reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
+        warnings=_warnings(snap.non_binary_reward, settings),
         auto_thresholds=auto.snapshot() if auto is not None else None)

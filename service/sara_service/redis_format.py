@@ -29,6 +29,9 @@ Group hash fields (`group:<id>`):
     deliver_sat          1: a saturated (all-equal) group is delivered, not dropped (uniform)
     commit               'complete' (a committed group gets all k) or 'partial' (what is issued)
     audit, audited       1: run on to k at the abandonment point (chosen / started)
+    lv, lvn, lvx         under SARA_EFFECTIVE=reward: the level of the group's first result,
+                         the results at that level and the results at any other (lvx > 0: the
+                         rewards differ). s and f still count rewards >= success_threshold.
     r:<slot>             the slot's result JSON (RolloutResult)
     learned:<slot>       1 once the slot taught its prompt's posterior
     errors:<slot>        worker errors reported for the slot
@@ -41,6 +44,8 @@ Posterior JSON fields (`posteriors` hash, prompt id -> JSON):
     groups               groups opened for the prompt; last: the newest group's id
     committed, abandoned, saturated   groups that ended so
     rollouts, successes  outcomes it learned from
+    lc                   under SARA_EFFECTIVE=reward: rollouts learned per reward level (level
+                         -> count, decayed as a and b are), the prompt's Dirichlet counts
     obs                  last 16 [version, 'F'|'M'|'S', q?]: group outcomes (q: the chance an
                          abandoned group would have ended mixed), read by DPS selection
 
@@ -111,6 +116,7 @@ class GroupField:
     p_eff, oldest_policy_version, created_at = "p_eff", "min_v", "created_at"
     p_eff_after_failures, p_eff_after_successes = "pf", "ps"  # JSON lists: entry n after n only
     deliver_saturated, commit, audit, audited = "deliver_sat", "commit", "audit", "audited"
+    first_level, at_first_level, at_other_levels = "lv", "lvn", "lvx"  # the reward view
 
     @staticmethod
     def result(slot: int) -> str:
@@ -124,6 +130,7 @@ class PosteriorField:
     groups, last_group, committed, abandoned, saturated = (
         "groups", "last", "committed", "abandoned", "saturated")
     rollouts, successes, observations = "rollouts", "successes", "obs"
+    level_counts = "lc"  # the reward view: rollouts per reward level
 
 
 def group_spec(group_id: str, prompt_id: str, plan: GroupPlan, commit: str) -> dict[str, Any]:
@@ -276,9 +283,9 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("expire_leases", "inflight slots pending stats wake", "now limit"),
     _spec("apply_results", "slots inflight pending stats open_groups ready posteriors cancels "
           "abandon_hist workers worker_info policy gc group_states prompts report open_yield "
-          "wake",
+          "wake reward_levels",
           "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only "
-          "results",
+          "results levels",
           more_keys="group", more_args=("result_json",),
           replies=("replay", "unknown", "ok", *DECISIONS)),
     _spec("group_results", "", "k", more_keys="group"),
@@ -309,21 +316,22 @@ class ResultsArg:
     unknown: list[str]
 
 
-def results_arg(results: Sequence[Any], successes: Sequence[int], versions: Sequence[int]
-                ) -> ResultsArg:
+def results_arg(results: Sequence[Any], successes: Sequence[int], versions: Sequence[int],
+                levels: Sequence[str] | None = None) -> ResultsArg:
     """`ResultsArg` of RolloutResult models; `versions` is each result's policy version (its own,
-    or its lease's)."""
+    or its lease's); `levels` (the reward view) each result's reward level, a sixth entry."""
     first = SCRIPTS["apply_results"].first_more_key
     group_index: dict[str, int] = {}
     unknown: list[str] = []
     rows, blobs = [], []
-    for r, ok, version in zip(results, successes, versions):
+    for i, (r, ok, version) in enumerate(zip(results, successes, versions)):
         parsed = split_rollout_id(r.rollout_id)
         if parsed is None:
             unknown.append(r.rollout_id)
             continue
         idx = group_index.setdefault(parsed[0], first + len(group_index))
-        rows.append([r.rollout_id, idx, ok, r.completion_tokens, version])
+        row = [r.rollout_id, idx, ok, r.completion_tokens, version]
+        rows.append(row if levels is None else [*row, levels[i]])
         blobs.append(result_blob(r, version))
     return ResultsArg(orjson.dumps(rows), blobs, list(group_index), unknown)
 

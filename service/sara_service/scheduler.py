@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -21,12 +22,15 @@ from sara_client.models import (
     ResultsResponse, SamplingParams, prompt_json,
 )
 
-from .allocation import GroupPlan, decay_posterior, p_eff, plan_group
+from .allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
 from .errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
 from .redis_format import PosteriorField, split_ids
+from .reward_levels import (
+    first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
+)
 from .selection import (
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
@@ -34,6 +38,7 @@ from .settings import Settings
 from .store import Opening, Store, stored_int
 from .wake import Ticket, Wakeups
 
+log = logging.getLogger("sara.service")
 Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
 # worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
@@ -75,12 +80,37 @@ class Scheduler:
         # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
         # ignore τ, so they keep the fixed plan.
         self.auto = AutoPricer(s) if s.tau_low == "auto" and s.policy == "sara" else None
+        # Under SARA_EFFECTIVE=reward plans are the Dirichlet's over the levels in use, which
+        # grow as the run sees new ones (`_refresh_levels`); settings refuse auto and history.
+        self.reward_view = s.effective == "reward"
+        self._levels = levels_in_use(s.reward_levels, 0)
+        self._known_levels: set[str] = set()  # levels this process has reported or read
+        self._warned_non_binary = False  # this process has told the store (the log says it once)
         # With a uniform prior every group of a run has the same plan: compute it once (under
         # auto, once per price: `_plans_for` refreshes it).
-        self._prior_plan = self.auto.fresh_plan() if self.auto else plan_group(
-            s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
+        self._prior_plan = self.auto.fresh_plan() if self.auto else self._fixed_plan()
         self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
                                         max_tokens=s.max_tokens)
+
+    def _fixed_plan(self) -> GroupPlan:
+        """The plan of every group under a uniform prior and a fixed tau_low."""
+        s = self.settings
+        if self.reward_view:
+            return plan_levels(s.policy, s.group_size, self._levels, s.prior_alpha,
+                               float(s.tau_low))
+        return plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
+
+    async def _refresh_levels(self) -> None:
+        """Under the reward view, plan for every level the run has seen (the set only grows):
+        one more level makes a pure prefix less telling, so groups are abandoned later. Called
+        when a report brings a level this process has not seen, by the upkeep loop (levels other
+        replicas saw) and before opening groups, never on a plain lease: it is one round trip."""
+        if not self.reward_view:
+            return
+        levels = levels_in_use(self.settings.reward_levels, await self.store.reward_level_count())
+        if levels != self._levels:
+            self._levels = levels
+            self._prior_plan = self._fixed_plan()
 
     @property
     def flow_target(self) -> int:
@@ -138,6 +168,7 @@ class Scheduler:
     async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
         """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
         s = self.settings
+        await self._refresh_levels()
         if self.auto is not None:
             await self.auto.refresh(self.store, (await self.store.get_policy()).version)
             self._prior_plan = self.auto.fresh_plan()
@@ -151,7 +182,8 @@ class Scheduler:
         chosen, skipped = [], 0
         for pid, post in zip(pids, posts):
             a, b = self._posterior_now(post, version, clock)
-            if s.selection == "history" and p_eff(0, 0, s.group_size, a, b) < s.tau_skip:
+            if s.selection == "history" and self._start_chance(post, a, b, version,
+                                                               clock) < s.tau_skip:
                 skipped += 1
                 continue
             plan = self._plan_for(a, b)
@@ -160,6 +192,24 @@ class Scheduler:
                 continue
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
+
+    def _start_chance(self, post: dict | None, a: float, b: float, version: int,
+                      clock: float) -> float:
+        """P(a new group of the prompt comes out effective): its Beta(a, b) p_eff, or under the
+        reward view its Dirichlet's (alpha0 per level plus its level counts decayed to now)."""
+        s = self.settings
+        if not self.reward_view:
+            return p_eff(0, 0, s.group_size, a, b)
+        f = PosteriorField
+        counts = list(((post or {}).get(f.level_counts) or {}).values())
+        weight = 1.0
+        if post:
+            weight = decay_weight(s.posterior_decay, max(0, version - int(post.get(f.version,
+                                  version))), s.posterior_half_life,
+                                  max(0.0, clock - post.get(f.clock, clock)))
+        alphas = [s.prior_alpha + weight * c for c in counts]
+        alphas += [s.prior_alpha] * max(0, self._levels - len(alphas))
+        return p_eff_levels([0] * len(alphas), s.group_size, alphas)
 
     def _plan_for(self, a: float, b: float) -> GroupPlan:
         """The plan of one prompt whose posterior is Beta(a, b) now."""
@@ -298,16 +348,37 @@ class Scheduler:
         # neither carries an outcome: -1 and -2 keep them out of counts and posteriors
         successes = [_NO_OUTCOME.get(r.finish_reason, int(r.reward >= s.success_threshold))
                      for r in req.results]
+        levels = None
+        if self.reward_view:
+            levels = [str(level_of(r.reward, s.reward_tolerance)) for r in req.results]
+        else:
+            await self._warn_non_binary(req.results)
         applied = await self.store.apply_results(
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
-            holder_only=holder_only)
+            holder_only=holder_only, levels=levels, levels_in_use=self._levels)
+        if levels is not None and not self._known_levels.issuperset(levels):
+            self._known_levels.update(levels)
+            await self._refresh_levels()
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,
             decisions=[GroupDecision(group_id=g, decision=d) for g, d in applied.decisions],
             cancel=applied.cancel)
+
+    async def _warn_non_binary(self, results: list) -> None:
+        """Under the outcome view, say once per run (the store keeps the first such reward for
+        /stats; the replica that stored it logs) that rewards are not 0/1."""
+        if self._warned_non_binary:
+            return
+        reward = first_non_binary([r.reward for r in results
+                                   if r.finish_reason not in _NO_OUTCOME])
+        if reward is None:
+            return
+        self._warned_non_binary = True
+        if await self.store.note_non_binary_reward(reward):
+            log.warning(non_binary_warning(reward))
 
     # --- trainer ---------------------------------------------------------------------------------
 
@@ -379,6 +450,7 @@ class Scheduler:
         keep up with a busy run's group turnover, and memory would grow without end.
         """
         now = self.clock()
+        await self._refresh_levels()
         expired = await self.store.expire_leases(now)
         collected = 0
         for _ in range(gc_rounds):

@@ -15,6 +15,13 @@ AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
 SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
+EffectiveView = Literal["outcome", "reward"]
+# what the reward view cannot run with yet, and why (refused at start: never silently wrong)
+REWARD_VIEW_REFUSES = {
+    "tau_low=auto": "its price model (autotau) is a pool of success rates",
+    "prior=history": "per-prompt plans would need a table per level",
+    "selection=mopps": "it samples the Beta posterior's success rate",
+}
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
 DEFAULT_HALF_LIFE = 4.0
 
@@ -61,6 +68,17 @@ class Settings(BaseSettings):
         description="Share of the groups SARA would abandon that run on to k instead, so the run "
                     "measures what Dynamic Sampling would have spent (0 turns auditing off).")
     success_threshold: float = Field(0.5, description="A reward >= this counts as a success.")
+    effective: EffectiveView = Field(
+        "outcome", description="What makes a group effective: outcome (successes and failures "
+                               "mix, reward >= success_threshold) or reward (its rewards are not "
+                               "all equal within reward_tolerance).")
+    reward_tolerance: float = Field(
+        1e-6, gt=0.0, allow_inf_nan=False,
+        description="Under effective=reward, a reward's level is its nearest point on this "
+                    "grid; rewards at one level are equal.")
+    reward_levels: int = Field(
+        2, ge=2, le=1024, description="Under effective=reward, the levels a plan assumes before "
+                                      "the run has seen more (it then uses the number seen).")
     seed: int = 0
     selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")
     dps_decay: float = Field(0.5, ge=0.0, le=1.0, description="DPS count decay per version.")
@@ -111,6 +129,8 @@ class Settings(BaseSettings):
         its first rollout: every new prompt would be skipped and no group would ever open."""
         from .allocation import p_eff, plan_group
 
+        if self.effective == "reward":
+            return self._reward_view_can_run()
         if self.tau_low == "auto":
             return self  # auto never plans a skip for a fresh prompt (see allocation.plan_group)
         plan = plan_group(self.policy, self.group_size, self.prior_alpha, self.prior_beta,
@@ -123,6 +143,34 @@ class Settings(BaseSettings):
                 f"that a group of k comes out mixed is {start:.3f} before any rollout, below "
                 f"tau_low={self.tau_low:g}; lower SARA_TAU_LOW, raise SARA_GROUP_SIZE or "
                 "choose a broader prior")
+        return self
+
+    def _reward_view_can_run(self) -> Settings:
+        """Refuse what the reward view does not support, and a plan that skips every prompt."""
+        from .reward_levels import level_table, plan_levels
+
+        chosen = {"tau_low=auto": self.tau_low == "auto", "prior=history": self.prior == "history",
+                  "selection=mopps": self.selection == "mopps"}
+        refused = [name for name, on in chosen.items() if on]
+        if refused:
+            why = "; ".join(f"{name}: {REWARD_VIEW_REFUSES[name]}" for name in refused)
+            raise ValueError(f"SARA_EFFECTIVE=reward does not support {', '.join(refused)} ({why})"
+                             "; use a fixed SARA_TAU_LOW, SARA_PRIOR=uniform and SARA_SELECTION="
+                             "epoch, history or dps, or SARA_EFFECTIVE=outcome")
+        if self.prior_alpha != self.prior_beta:
+            raise ValueError(
+                "SARA_EFFECTIVE=reward uses a symmetric Dirichlet prior (SARA_PRIOR_ALPHA for "
+                f"every level), but SARA_PRIOR_BETA={self.prior_beta:g} differs from "
+                f"SARA_PRIOR_ALPHA={self.prior_alpha:g}: set them equal")
+        plan = plan_levels(self.policy, self.group_size, self.reward_levels, self.prior_alpha,
+                           float(self.tau_low))
+        if plan.skip:
+            start = level_table(self.group_size, self.reward_levels, self.prior_alpha)[0]
+            raise ValueError(
+                f"every new prompt would be skipped: with k={self.group_size} and "
+                f"{self.reward_levels} reward levels the chance that a group's rewards differ is "
+                f"{start:.3f} before any rollout, below tau_low={self.tau_low:g}; lower "
+                "SARA_TAU_LOW or raise SARA_GROUP_SIZE or SARA_REWARD_LEVELS")
         return self
 
     @property

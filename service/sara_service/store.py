@@ -91,6 +91,20 @@ class AppliedResults:
     replayed: bool = False  # the stored answer of a report id applied before
 
 
+def _applied(out: list) -> AppliedResults:
+    """apply_results.lua's answer (or the stored answer it replays) as AppliedResults."""
+    if text(out[0]) == Reply.UNKNOWN:
+        raise UnknownRollouts([text(x) for x in out[1]])
+    replayed = text(out[0]) == Reply.REPLAY
+    if replayed:  # the stored answer: cjson writes an empty list as {}
+        out = [Reply.OK, *[v or [] if isinstance(v, (list, dict)) else v
+                       for v in json.loads(text(out[1]))]]
+    flat = [text(x) for x in out[4]]
+    decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+    return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
+                          rf.split_ids(text(out[5])), int(out[6]), replayed)
+
+
 class Store(RunControl, StoreReads):
     """All Redis access of one namespace."""
 
@@ -256,7 +270,8 @@ class Store(RunControl, StoreReads):
                             successes: list[int], decay: float, alpha0: float, beta0: float,
                             retention_s: float, half_life: float = math.inf, *,
                             report_id: str | None = None, report_ttl_s: int = 0,
-                            holder_only: bool = False) -> AppliedResults:
+                            holder_only: bool = False, levels: list[str] | None = None,
+                            levels_in_use: int = 2) -> AppliedResults:
         """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
 
         Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
@@ -266,10 +281,12 @@ class Store(RunControl, StoreReads):
         for a worker error (no outcome, until the third on one slot: then a failure). With a
         `report_id`, the answer is kept `report_ttl_s` in the same script, and a report sent again
         with that id gets it back (`replayed`) and changes nothing. `holder_only` (an
-        authenticated worker id) ignores results for rollouts another worker holds.
+        authenticated worker id) ignores results for rollouts another worker holds. `levels`
+        (SARA_EFFECTIVE=reward): each result's reward level, groups decided on whether those
+        differ, among `levels_in_use` (the Dirichlet's size).
         """
         versions = await self._lease_versions(worker_id, results)
-        packed = rf.results_arg(results, successes, versions)
+        packed = rf.results_arg(results, successes, versions, levels)
         if packed.unknown:
             raise UnknownRollouts(packed.unknown)
         out = await self._script(
@@ -279,20 +296,12 @@ class Store(RunControl, StoreReads):
                  retention_s=retention_s,
                  half_life=repr(half_life) if math.isfinite(half_life) else 0,
                  count=len(results), report_ttl_s=report_ttl_s if report_id else 0,
-                 holder_only=int(holder_only), results=packed.rows),
+                 holder_only=int(holder_only), results=packed.rows,
+                 levels=0 if levels is None else max(2, levels_in_use)),
             # without a report id the script never touches KEYS[16]: any key of the run will do
             dict(report=self.keys.report(worker_id, report_id) if report_id else self.keys.stats),
             more_keys=[self.keys.group(g) for g in packed.groups], more_args=packed.blobs)
-        if text(out[0]) == Reply.UNKNOWN:
-            raise UnknownRollouts([text(x) for x in out[1]])
-        replayed = text(out[0]) == Reply.REPLAY
-        if replayed:  # the stored answer: cjson writes an empty list as {}
-            out = [Reply.OK, *[v or [] if isinstance(v, (list, dict)) else v
-                           for v in json.loads(text(out[1]))]]
-        flat = [text(x) for x in out[4]]
-        decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
-                              rf.split_ids(text(out[5])), int(out[6]), replayed)
+        return _applied(out)
 
     async def _lease_versions(self, worker_id: str, results: list[RolloutResult]) -> list[int]:
         """Each result's policy version: its own, else the version its lease was granted under

@@ -37,6 +37,8 @@ class StatsSnapshot:
     unacked_batches: int
     workers: list[WorkerRow]
     recent_batches: list[dict[str, Any]]  # newest first
+    reward_levels: dict[str, int] = field(default_factory=dict)  # level -> rollouts (reward view)
+    non_binary_reward: float | None = None  # the first reward not 0/1 (outcome view's warning)
 
 
 def _texts(raw: dict) -> dict[str, str]:
@@ -142,8 +144,10 @@ class StoreReads:
         pipe.zrange(k.workers, 0, -1, withscores=True)
         pipe.hgetall(k.worker_info)
         pipe.lrange(k.recent_batches, 0, RECENT_BATCHES_SHOWN - 1)
+        pipe.hgetall(k.reward_levels)
+        pipe.get(k.non_binary_reward)
         (stats, hist, leased, open_scores, ready, unacked, workers, info,
-         recent) = await pipe.execute()
+         recent, levels, non_binary) = await pipe.execute()
         per_worker = rf.split_worker_info(_texts(info))
         return StatsSnapshot(
             counters=_renamed(_texts(stats)),
@@ -152,7 +156,20 @@ class StoreReads:
             ready_groups=ready, unacked_batches=unacked,
             workers=[WorkerRow(text(w), last_seen, per_worker.get(text(w), {}))
                      for w, last_seen in workers],
-            recent_batches=[json.loads(r) for r in recent])
+            recent_batches=[json.loads(r) for r in recent],
+            reward_levels={a: int(b) for a, b in _texts(levels).items()},
+            non_binary_reward=float(non_binary) if non_binary is not None else None)
+
+    @unavailable_on_redis_error
+    async def reward_level_count(self) -> int:
+        """How many reward levels the run has seen (SARA_EFFECTIVE=reward)."""
+        return int(await self.redis.hlen(self.keys.reward_levels))
+
+    @unavailable_on_redis_error
+    async def note_non_binary_reward(self, reward: float) -> bool:
+        """Remember the run's first reward other than 0 and 1; True when this call was first."""
+        return bool(await self.redis.set(self.keys.non_binary_reward, repr(float(reward)),
+                                         nx=True))
 
     # --- groups, slots, batches, policy --------------------------------------------------------
 

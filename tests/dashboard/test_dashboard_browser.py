@@ -75,6 +75,9 @@ SNAPSHOT_JS = r"""
     verdict: {state: one('[data-testid="verdict"]').dataset.state,
               text: one('[data-testid="verdict"]').textContent.trim()},
     policy: one('[data-testid="meta-policy-version"]').textContent.trim(),
+    effective: one('[data-testid="meta-effective"]').textContent.trim(),
+    warnings: {hidden: one('[data-testid="warnings"]').hidden,
+               text: one('[data-testid="warnings"]').textContent.trim()},
     tokenStored: sessionStorage.getItem("sara.dashboard.token") !== null,
   };
 })()
@@ -96,6 +99,14 @@ def num(value: str) -> float | None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(90)
+def _report_a_shaped_reward(url: str) -> None:
+    """One result of reward 0.1 (neither 0 nor 1), as one of the workload's workers."""
+    with SaraClient(url, token=TOKENS["worker"]) as worker:
+        lease = worker.lease("sim-a", 1, wait_s=5)
+        assert lease.rollouts, "no rollout to report"
+        worker.report("sim-a", [{"rollout_id": lease.rollouts[0].rollout_id, "reward": 0.1}])
+
+
 def test_dashboard_live_in_chromium(redis_url, tmp_path):
     exe = _require_browser()
     settings = Settings(redis_url=redis_url, policy="sara", group_size=8, tau_low=0.5,
@@ -128,7 +139,9 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
             assert moving["status"]["state"] == "ok", moving["status"]
             assert moving["tokenStored"]
 
+            assert moving["warnings"]["hidden"] and moving["effective"] == "outcome"
             workload.stop()
+            _report_a_shaped_reward(server.url)   # the outcome view's warning must show
             quiet_now = operator.stats().now
             after = wait_until(lambda: (s := snap())["status"]["now"] > quiet_now and s, 10,
                                "a poll after the workload stopped")
@@ -184,6 +197,8 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
     assert useful_shown.endswith("%")
     assert float(useful_shown[:-1]) == pytest.approx(100 * d["useful_fraction"], abs=0.051)
     assert shown["policy"] == f"v{stats['policy']['version']}"
+    (warning,) = stats["warnings"]
+    assert not shown["warnings"]["hidden"] and shown["warnings"]["text"] == warning
     assert stats["policy"]["version"] >= 1  # the trainer published while the page watched
     assert shown["histogram"] == stats["abandon_histogram"] and stats["abandon_histogram"]
     assert shown["charts"]["chart-abandon-histogram"]["points"] == len(stats["abandon_histogram"])

@@ -154,6 +154,13 @@ def test_render_accepts_a_partial_dict():  # what a foreign or older /stats migh
     assert "w1" in out and "ns=x" in out
 
 
+def test_render_shows_the_runs_warnings():
+    said = "rewards are not 0/1 (first seen: 0.1): ... SARA_EFFECTIVE=reward ..."
+    out = text_of(render(make_stats(warnings=[said])), width=400)
+    assert "warning: " + said in out
+    assert "warning" not in text_of(render(make_stats()))
+
+
 def test_watch_polls_until_max_frames_and_survives_errors():
     answers = [make_stats(now=NOW, commit=10), RuntimeError("connection refused"),
                make_stats(now=NOW + 1, commit=30)]

@@ -149,11 +149,11 @@ def test_p_eff_stable_at_extreme_priors():
 def test_log_probability_of_staying_pure_is_accurate(a, b, k):
     # The building block: log B(a, b+k)/B(a, b+n). At a >> b a one-step failure probability
     # is ~1e-8, where log1p(-a/(a+b)) would keep only ~8 digits; every entry must keep ~13.
-    from sara_service.allocation import _log_stay_pure
+    from sara_service.allocation import log_stay_pure
 
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 60
-    logs = _log_stay_pure(a, b, k)
+    logs = log_stay_pure(a, b, k)
     A, B = mpmath.mpf(a), mpmath.mpf(b)
     for n in range(k):
         expected = mpmath.log(mpmath.beta(A, B + k) / mpmath.beta(A, B + n))

@@ -333,8 +333,8 @@ def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
     assert (seen["config"].compare, seen["config"].rollout_budget) == (False, 1234)
 
 
-@pytest.mark.parametrize("flag,expected", [("auto", "auto"), ("0.3", 0.3)])
-def test_serve_takes_tau_low_auto_or_a_number(monkeypatch, flag, expected):
+def _serve_settings(monkeypatch, args: list[str]):
+    """The Settings `sara serve ARGS` builds, caught before Redis or uvicorn start."""
     import typer
 
     import sara_service.settings as settings_module
@@ -344,18 +344,34 @@ def test_serve_takes_tau_low_auto_or_a_number(monkeypatch, flag, expected):
 
     def capture(**overrides):
         seen["settings"] = real(**overrides)
-        raise typer.Exit(0)   # stop before Redis or uvicorn start
+        raise typer.Exit(0)
 
     monkeypatch.setattr(settings_module, "Settings", capture)
-    result = runner.invoke(cli.app, ["serve", "--tau-low", flag])
+    result = runner.invoke(cli.app, ["serve", *args])
     assert result.exit_code == 0, result.output
-    assert seen["settings"].tau_low == expected
+    return seen["settings"]
+
+
+@pytest.mark.parametrize("flag,expected", [("auto", "auto"), ("0.3", 0.3)])
+def test_serve_takes_tau_low_auto_or_a_number(monkeypatch, flag, expected):
+    assert _serve_settings(monkeypatch, ["--tau-low", flag]).tau_low == expected
 
 
 def test_serve_rejects_a_tau_low_that_is_neither_a_number_nor_auto():
     result = runner.invoke(cli.app, ["serve", "--tau-low", "sometimes"])
     assert result.exit_code == 2
     assert "invalid settings" in result.output
+
+
+@pytest.mark.parametrize("flag", ["outcome", "reward"])
+def test_serve_takes_the_effective_view(monkeypatch, flag):
+    assert _serve_settings(monkeypatch, ["--effective", flag]).effective == flag
+
+
+def test_serve_refuses_what_the_reward_view_cannot_run():
+    result = runner.invoke(cli.app, ["serve", "--effective", "reward", "--tau-low", "auto"])
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output and "tau_low=auto" in result.output
 
 
 def test_worker_token_prints_the_token_the_scheduler_derives(monkeypatch):

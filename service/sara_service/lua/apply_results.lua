@@ -7,7 +7,8 @@
 -- KEYS[16] = report string (this report's stored answer; used when ARGV[9] > 0)
 -- KEYS[17] = open_yield string (the open_groups zset's scores summed, in 1e-9 groups)
 -- KEYS[18] = wake stream (long polls of every replica wait on it)
--- KEYS[19..] = hashes of the groups the results belong to
+-- KEYS[19] = reward_levels hash (reward level -> rollouts; used when ARGV[12] > 0)
+-- KEYS[20..] = hashes of the groups the results belong to
 -- ARGV[1] = now   ARGV[2] = worker_id   ARGV[3] = decay (of posteriors, per policy version)
 -- ARGV[4] = alpha0 (prior)   ARGV[5] = beta0 (prior)   ARGV[6] = retention_s
 -- ARGV[7] = half_life (of posteriors, in epochs of the pool; 0: none)
@@ -15,9 +16,12 @@
 -- ARGV[10] = holder_only: 1 when the worker id is authenticated (per-worker credentials): a
 --            result for a rollout that another worker holds is then ignored (a duplicate)
 -- ARGV[11] = results: JSON list, each [rollout id, index of its group key in KEYS, success
---            (1/0/-1/-2), tokens, policy version]: one argument, not five per result, for the
---            client to pack
--- ARGV[12..] = result_json, ... (one per result in list order)
+--            (1/0/-1/-2), tokens, policy version, and under the reward view the reward's level
+--            (text)]: one argument, not six per result, for the client to pack
+-- ARGV[12] = levels: 0 under the outcome view; under SARA_EFFECTIVE=reward the number of reward
+--            levels in use (the Dirichlet's size, with alpha0 per level). A group is then decided
+--            on whether its results' levels differ (lvx > 0), not on successes and failures.
+-- ARGV[13..] = result_json, ... (one per result in list order)
 --            each the JSON stored as r:<slot>, an argument of its own (inside the list it was a
 --            string cjson had to unescape)
 -- returns {'unknown', rollout ids...} and changes nothing when any rollout is not known, else
@@ -41,7 +45,9 @@ if report_ttl > 0 then
 end
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-local PROMPTS, YIELD, WAKE = KEYS[15], KEYS[17], KEYS[18]
+local PROMPTS, YIELD, WAKE, LEVELS = KEYS[15], KEYS[17], KEYS[18], KEYS[19]
+local levels_n = tonumber(ARGV[12])
+local reward_view = levels_n > 0
 
 local results = cjson.decode(ARGV[11])
 local function arg(i, j) return results[i][j] end
@@ -81,7 +87,7 @@ local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 -- groups: the fields decisions read, and the per-slot fields of the slots reported here (a
 -- slot's error count only with a worker error for it: each field read costs as much as the rest)
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
-  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps'}
+  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps', 'lv', 'lvn', 'lvx'}
 local per_group_fields = {}
 for i = 1, count do
   local gid = rgid[i]
@@ -103,7 +109,8 @@ for _, gid in ipairs(gids) do
       done = tonumber(v[4]), s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]),
       thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
       audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
-      w = {}, ptab = {pf = v[15], ps = v[16]}}
+      w = {}, ptab = {pf = v[15], ps = v[16]}, lv = v[17], lvn = tonumber(v[18] or '0'),
+      lvx = tonumber(v[19] or '0')}
     for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
     groups[gid] = g
   end
@@ -124,7 +131,7 @@ local gstate_writes = {}
 local function set_gstate(gid, st) gstate[gid] = st; gstate_writes[gid] = st end
 
 -- counters, added once at the end
-local incr, fincr, hist = {}, {}, {}
+local incr, fincr, hist, level_incr = {}, {}, {}, {}
 local function count_up(field, n) incr[field] = (incr[field] or 0) + n end
 
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
@@ -155,10 +162,24 @@ local function as_stored(p)
   for _, f in ipairs({'a', 'b', 't'}) do
     if type(p[f]) == 'number' then p[f] = r14(p[f]) end
   end
+  if p.lc then
+    for level, c in pairs(p.lc) do p.lc[level] = r14(c) end
+  end
+end
+
+-- The reward view's Dirichlet counts: old ones weigh w as a and b do, then this level gains one.
+local function learn_level(p, w, level)
+  local lc = p.lc or {}
+  if w ~= 1.0 then
+    for other, c in pairs(lc) do lc[other] = w * c end
+  end
+  lc[level] = (lc[level] or 0) + 1
+  p.lc = lc
+  level_incr[level] = (level_incr[level] or 0) + 1
 end
 
 -- weight of old evidence: decay^versions * 0.5^(epochs / half-life), as allocation.decay_weight
-local function update_posterior(pid, success)
+local function update_posterior(pid, success, level)
   local p = posts[pid] or {a = a0, b = b0, v = version, t = clock}
   local elapsed, epochs = version - (p.v or version), clock - (p.t or clock)
   local w = 1.0
@@ -168,6 +189,7 @@ local function update_posterior(pid, success)
   p.v = math.max(version, p.v or version)
   p.t = math.max(clock, p.t or clock)
   if success == 1 then p.a = p.a + 1 else p.b = p.b + 1 end
+  if level then learn_level(p, w, level) end
   p.rollouts = (p.rollouts or 0) + 1
   p.successes = (p.successes or 0) + success
   as_stored(p)
@@ -178,12 +200,12 @@ end
 -- Each slot teaches its prompt's posterior once, with the first outcome reported for it: a second
 -- answer for the same slot (a re-issued copy, a result sent by a non-holder and then the holder's
 -- own, a late result repeated) is one sample counted twice otherwise.
-local function learn_once(g, sl, success)
+local function learn_once(g, sl, success, level)
   local field = 'learned:' .. sl
   if not g.slot[field] then
     g.slot[field] = '1'
     g.w[field] = 1
-    update_posterior(g.pid, success)
+    update_posterior(g.pid, success, level)
   end
 end
 
@@ -293,6 +315,19 @@ local function mixed_chance_under_posterior(pid, failing, rest)
   return 1.0 - stay
 end
 
+-- The same under the reward view: the group stayed at `level`; the prompt's Dirichlet is alpha0
+-- per level in use plus its learned counts (reward_levels.mixed_chance_levels, in this order).
+local function mixed_chance_at_level(pid, level, rest)
+  local lc = (posts[pid] or {}).lc or {}
+  local seen, counted = 0, 0
+  for _, c in pairs(lc) do seen = seen + 1; counted = counted + c end
+  local here = a0 + (lc[level] or 0)
+  local total = math.max(levels_n, seen) * a0 + counted
+  local stay = 1.0
+  for j = 0, rest - 1 do stay = stay * (here + j) / (total + j) end
+  return 1.0 - stay
+end
+
 -- An audited group at its abandonment point runs on to k; what that costs is counted.
 local function begin_audit(g)
   g.audited = true
@@ -321,7 +356,11 @@ end
 -- Decide an open group after one more outcome; returns the decision.
 local function decide_open(g)
   local gid = g.gid
-  if g.s > 0 and g.f > 0 then
+  -- under the reward view the two sides are "at the first result's level" and "elsewhere": a
+  -- group is mixed once its levels differ, and a pure prefix is always on the first side
+  local s, f = g.s, g.f
+  if reward_view then s, f = g.lvx, g.lvn end
+  if s > 0 and f > 0 then
     set_gstate(gid, 'committed')
     g.w.p_eff = 1
     set_open(gid, 1)
@@ -331,8 +370,11 @@ local function decide_open(g)
     if g.commit == 'complete' then issue(g, g.issued, g.k) end
     return 'commit'
   end
-  local failing = g.s == 0
-  local n = failing and g.f or g.s
+  local failing = s == 0
+  local n = failing and f or s
+  -- the side DPS learns from: all below or all at/above success_threshold
+  local side = g.s == 0 and 'F' or 'S'
+  if not reward_view then side = failing and 'F' or 'S' end
   local thr = failing and g.thr_f or g.thr_s
   -- the plan's table covers every prefix up to the threshold (or k)
   local p = p_eff_at(g, failing, math.min(n, thr, g.k))
@@ -344,10 +386,15 @@ local function decide_open(g)
     count_up('groups_abandoned', 1)
     count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
     fincr.expected_false_abandons = (fincr.expected_false_abandons or 0) + p
-    local q = mixed_chance_under_posterior(g.pid, failing, g.k - n)
+    local q
+    if reward_view then
+      q = mixed_chance_at_level(g.pid, g.lv, g.k - n)
+    else
+      q = mixed_chance_under_posterior(g.pid, failing, g.k - n)
+    end
     fincr.estimated_false_abandons = (fincr.estimated_false_abandons or 0) + q
     hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
-    record_outcome(g.pid, 'abandoned', failing and 'F' or 'S', q)
+    record_outcome(g.pid, 'abandoned', side, q)
     return 'abandon'
   end
   g.w.p_eff = p
@@ -376,7 +423,7 @@ local function maybe_complete(g, state)
 end
 
 -- Fill an open slot with its first answer, then decide and maybe close the group.
-local function fill(rid, g, sl, success, st, policy_version, blob)
+local function fill(rid, g, sl, success, st, policy_version, blob, level)
   local filled = 'd'
   if string.sub(st, 1, 2) == 'l|' then
     local holder = string.match(st, '^l|[^|]*|(.*)$')
@@ -394,6 +441,10 @@ local function fill(rid, g, sl, success, st, policy_version, blob)
   end
   g.done = g.done + 1
   if success == 1 then g.s = g.s + 1 else g.f = g.f + 1 end
+  if level then
+    if not g.lv then g.lv = level; g.w.lv = level end
+    if level == g.lv then g.lvn = g.lvn + 1 else g.lvx = g.lvx + 1 end
+  end
   local state = gstate[g.gid]
   local decision = nil
   if state == 'open' then
@@ -418,6 +469,7 @@ local accepted, dups, late, released, tokens, newest = 0, 0, 0, 0, 0, -1
 local decided, order = {}, {}
 for i = 1, count do
   local rid, success = rids[i], tonumber(arg(i, 3))
+  local level = reward_view and arg(i, 6) or nil
   local gid, sl = rgid[i], rsl[i]
   local g = groups[gid]
   tokens = tokens + tonumber(arg(i, 4))
@@ -447,12 +499,12 @@ for i = 1, count do
     released = released + 1
   else
     local decision = nil
-    if not aborted then learn_once(g, sl, success) end
+    if not aborted then learn_once(g, sl, success, level) end
     if st == 'c' or copy_holder or aborted then
       late = late + 1
       if copy_holder then set_slot(rid, 'd') end
     else
-      decision = fill(rid, g, sl, success, st, tonumber(arg(i, 5)), ARGV[11 + i])
+      decision = fill(rid, g, sl, success, st, tonumber(arg(i, 5)), ARGV[12 + i], level)
       accepted = accepted + 1
     end
     if not decided[gid] then order[#order + 1] = gid end
@@ -479,6 +531,7 @@ if #gc_add > 0 then call_chunked('ZADD', GC, gc_add) end
 for _, gid in ipairs(gids) do
   local g = groups[gid]
   g.w.done, g.w.s, g.w.f = g.done, g.s, g.f
+  if reward_view then g.w.lvn, g.w.lvx = g.lvn, g.lvx end
   hset_map(g.key, g.w)
 end
 local post_out = {}
@@ -518,6 +571,7 @@ count_up('tokens_generated', tokens)
 for field, n in pairs(incr) do redis.call('HINCRBY', STATS, field, n) end
 for field, x in pairs(fincr) do redis.call('HINCRBYFLOAT', STATS, field, x) end
 for field, n in pairs(hist) do redis.call('HINCRBY', HIST, field, n) end
+for level, n in pairs(level_incr) do redis.call('HINCRBY', LEVELS, level, n) end
 redis.call('HINCRBY', WINFO, wid .. '|completed', accepted)
 redis.call('HINCRBY', WINFO, wid .. '|tokens', tokens)
 redis.call('HSET', WINFO, wid .. '|policy_version', newest)

@@ -326,11 +326,21 @@
     setText("#meta-policy", cfg.policy || "–");
     const prior = cfg.prior && cfg.prior !== "uniform" ? "prior " + cfg.prior : null;
     setText("#meta-selection", [cfg.selection, prior].filter(Boolean).join(" · ") || "–");
+    // outcome: successes and failures mix; reward: the rewards are not all equal
+    setText("#meta-effective", cfg.effective || "outcome");
     setText("#meta-k", isNum(cfg.group_size) ? String(cfg.group_size) : "–");
     setText("#meta-tau", tauText(cfg.tau_low, stats.auto_thresholds));
     setText("#meta-version", "v" + ((stats.policy || {}).version ?? "–"));
     setText("#meta-auth", cfg.auth_enabled ? "tokens" : "OPEN");
     $("#meta-auth").dataset.state = cfg.auth_enabled ? "on" : "open";
+  }
+
+  // What the run should know about its configuration (rewards not 0/1 under the outcome view)
+  function renderWarnings(stats) {
+    const box = $('[data-testid="warnings"]');
+    const warnings = stats.warnings || [];
+    box.textContent = warnings.join("\n");
+    box.hidden = warnings.length === 0;
   }
 
   // Every DS figure is an estimate from audit sampling: shown with its 95% interval.
@@ -565,6 +575,7 @@
     if (history.length > HISTORY) history.splice(0, history.length - HISTORY);
     previous = stats;
     renderHeader(stats);
+    renderWarnings(stats);
     renderEfficiency(stats);
     renderCharts(stats);
     renderWorkers(stats);

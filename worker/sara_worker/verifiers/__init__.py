@@ -1,8 +1,9 @@
 """Reward functions, looked up by a rollout's ``task`` name.
 
 Every verifier is ``(completion: str, answer: str | None, meta: dict) -> float``. Built in:
-``exact``, ``arith``, ``countdown``, ``math`` (math-verify) and ``sim``; each module is imported
-the first time its name is asked for. More come from ``@register("name")`` or from installed
+``exact``, ``arith``, ``countdown``, ``countdown_close`` (partial credit for closeness), ``math``
+(math-verify) and ``sim``; each module is imported the first time its name is asked for.
+``format:<name>`` is verifier ``<name>`` with a bonus for a well-formed answer (`verifiers.format`). More come from ``@register("name")`` or from installed
 packages through the ``sara.verifiers`` entry-point group (name -> verifier function), loaded
 lazily as well.
 
@@ -25,7 +26,8 @@ __all__ = ["Verifier", "UnknownVerifier", "register", "get", "available", "is_bl
 
 ENTRY_POINT_GROUP = "sara.verifiers"
 BUILTIN = {"exact": "exact", "sim": "sim", "arith": "arith", "countdown": "countdown",
-           "math": "math"}
+           "countdown_close": "countdown", "math": "math"}
+FORMAT_PREFIX = "format:"  # verifiers.format.PREFIX, known here without importing it
 log = logging.getLogger("sara.worker.verifiers")
 
 _registry: dict[str, Verifier] = {}
@@ -51,6 +53,8 @@ def register(name: str, *, blocking: bool = False) -> Callable[[Verifier], Verif
 
 
 def _load(name: str) -> Verifier | None:
+    if name.startswith(FORMAT_PREFIX) and len(name) > len(FORMAT_PREFIX):
+        return _load_formatted(name, name[len(FORMAT_PREFIX):])
     if name in BUILTIN:
         importlib.import_module(f"{__name__}.{BUILTIN[name]}")
         return _registry.get(name)
@@ -60,6 +64,19 @@ def _load(name: str) -> Verifier | None:
             _registry[name] = fn
             return fn
     return None
+
+
+def _load_formatted(name: str, inner_name: str) -> Verifier | None:
+    """``format:<inner>``: the inner verifier wrapped once, slow when the inner one is."""
+    from .format import wrap
+
+    inner = _registry.get(inner_name) or _load(inner_name)
+    if inner is None:
+        return None
+    fn = _registry[name] = wrap(inner)
+    if inner_name in _blocking:
+        _blocking.add(name)
+    return fn
 
 
 def get(name: str) -> Verifier:

@@ -7,11 +7,15 @@ line; a trailing ``= …`` is ignored. It must use only integer literals combine
 ``meta["use_all"]``), and equal the target exactly (rational arithmetic). It is parsed with
 ``ast`` and evaluated by walking the tree: nothing is ever ``eval``-ed. Division by zero, any
 other node (names, calls, unary minus, powers, floats) or a parse error scores 0.
+
+``countdown_close`` is the same puzzle with partial credit: a valid expression that misses the
+target scores up to ``meta["close_credit"]`` (0.5), the closer the more (`closeness_credit`).
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from collections import Counter
 from fractions import Fraction
@@ -61,28 +65,68 @@ def _as_int(value: object) -> int | None:
     return None
 
 
-def check(expression: str, numbers: list[int], target: int, use_all: bool = False) -> bool:
-    """Whether ``expression`` reaches ``target`` with ``numbers`` under the rules above."""
+def value_of(expression: str, numbers: list[int], use_all: bool = False) -> Fraction | None:
+    """The exact value of a valid ``expression`` over ``numbers`` (rules above), else None."""
     if not expression or len(expression) > MAX_EXPRESSION_CHARS:
-        return False
+        return None
     try:
         used: list[int] = []
         value = _evaluate(ast.parse(expression, mode="eval"), used)
     except (_Invalid, SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
-        return False
+        return None
     if Counter(used) - Counter(numbers):
-        return False  # a number not given, or given fewer times than used
+        return None  # a number not given, or given fewer times than used
     if use_all and Counter(used) != Counter(numbers):
-        return False
-    return value == target
+        return None
+    return value
 
 
-@register("countdown")
-def countdown(completion: str, answer: str | None, meta: dict) -> float:
+def check(expression: str, numbers: list[int], target: int, use_all: bool = False) -> bool:
+    """Whether ``expression`` reaches ``target`` with ``numbers`` under the rules above."""
+    value = value_of(expression, numbers, use_all)
+    return value is not None and value == target
+
+
+def _puzzle(answer: str | None, meta: dict) -> tuple[list[int], int] | None:
     raw = meta.get("numbers")
     numbers = [_as_int(n) for n in raw] if isinstance(raw, (list, tuple)) else []
     target = _as_int(meta.get("target", answer))
     if not numbers or None in numbers or target is None:
+        return None
+    return numbers, target  # type: ignore[return-value]
+
+
+@register("countdown")
+def countdown(completion: str, answer: str | None, meta: dict) -> float:
+    puzzle = _puzzle(answer, meta)
+    if puzzle is None:
         return 0.0
-    ok = check(expression_of(completion), numbers, target, bool(meta.get("use_all", False)))
-    return float(ok)
+    return float(check(expression_of(completion), *puzzle, bool(meta.get("use_all", False))))
+
+
+def closeness_credit(value: Fraction, target: int, most: float, step: float) -> float:
+    """Partial credit for a valid expression that misses: ``most`` at distance 0 falling
+    linearly to 0 at a distance of |target| (at least 1), rounded down to a multiple of
+    ``step`` so that the rewards take few levels (SARA_REWARD_TOLERANCE bins them)."""
+    scale = max(1, abs(target))
+    share = max(Fraction(0), 1 - abs(value - target) / scale)
+    credit = float(share) * most
+    return round(math.floor(credit / step + 1e-9) * step, 10) if step > 0 else credit
+
+
+@register("countdown_close")
+def countdown_close(completion: str, answer: str | None, meta: dict) -> float:
+    """``countdown`` with credit for closeness: 1.0 on the target; a valid expression that
+    misses gets `closeness_credit` (``meta["close_credit"]``, default 0.5, at the most;
+    ``meta["close_step"]``, default 0.05); anything else 0."""
+    puzzle = _puzzle(answer, meta)
+    if puzzle is None:
+        return 0.0
+    numbers, target = puzzle
+    value = value_of(expression_of(completion), numbers, bool(meta.get("use_all", False)))
+    if value is None:
+        return 0.0
+    if value == target:
+        return 1.0
+    most = min(1.0, max(0.0, float(meta.get("close_credit", 0.5))))
+    return closeness_credit(value, target, most, float(meta.get("close_step", 0.05)))

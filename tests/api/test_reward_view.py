@@ -1,0 +1,176 @@
+"""SARA_EFFECTIVE=reward through the HTTP API on a real Redis: issue 26's shaped-reward scenario.
+
+200 prompts that nothing solves; each answer is well formatted (reward 0.1) or not (0.0) with
+even odds, by a hash of its rollout id. Under the outcome view every group is pure (no reward
+reaches success_threshold), so nothing is delivered, and the run says its rewards are not 0/1;
+under the reward view groups whose formats differ are delivered, and only those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import pytest
+
+from .conftest import prompt_spec, result_for
+
+pytestmark = pytest.mark.anyio
+
+POOL = [prompt_spec(f"p{i}", "fail") for i in range(200)]
+
+
+def shaped(rollout_id: str) -> float:
+    """0.1 (well formatted, wrong) or 0.0 (malformed), even odds, fixed by the rollout id."""
+    return 0.1 if hashlib.sha256(rollout_id.encode()).digest()[0] % 2 else 0.0
+
+
+async def run(api, rounds: int = 40) -> list[dict]:
+    """Lease and report shaped rewards; the trainer takes and acks what is ready each round.
+    Returns the delivered groups."""
+    delivered = []
+    for _ in range(rounds):
+        lease = await api.lease("w1", 64)
+        if lease["rollouts"]:
+            await api.report("w1", [result_for(r, reward=shaped(r["rollout_id"]))
+                                    for r in lease["rollouts"]])
+        while (r := await api.next_batch()).status_code == 200:
+            batch = r.json()
+            delivered += batch["groups"]
+            await api.ok("POST", f"/batches/{batch['batch_id']}/ack")
+    return delivered
+
+
+@pytest.mark.parametrize("policy", ["sara", "dynamic_sampling"])
+async def test_the_reward_view_delivers_all_wrong_groups_whose_formats_differ(make_api, policy):
+    api = await make_api(effective="reward", reward_tolerance=0.01, policy=policy, batch_size=4,
+                         prefetch_batches=2)
+    await api.add(*POOL)
+    delivered = await run(api)
+    assert len(delivered) >= 40
+    for group in delivered:
+        rewards = [r["reward"] for r in group["rollouts"]]
+        assert len(rewards) == 8
+        assert set(rewards) == {0.0, 0.1}   # all wrong, and their formats differ
+    s = await api.stats()
+    c = s["counters"]
+    assert c["groups_delivered"] == len(delivered)
+    if policy == "sara":   # runs of 4 equal rewards (chance 1/8) are abandoned
+        assert c["groups_abandoned"] > 0
+    else:                  # DS never abandons: it drops a complete group whose rewards are equal
+        assert c["groups_abandoned"] == 0
+        assert c["groups_completed_pure"] == c["groups_dropped_saturated"]
+    assert set(s["reward_levels"]) == {"0", "10"}   # 0.0 and 0.1 on the 0.01 grid
+    assert sum(s["reward_levels"].values()) == c["rollouts_completed"]
+    assert s["warnings"] == []
+    assert s["config"]["effective"] == "reward"
+
+
+async def test_the_outcome_view_delivers_nothing_and_says_its_rewards_are_not_binary(
+        make_api, caplog):
+    api = await make_api(batch_size=4, prefetch_batches=2)
+    await api.add(*POOL)
+    with caplog.at_level(logging.WARNING, logger="sara.service"):
+        delivered = await run(api, rounds=10)
+    assert delivered == []
+    said = [r for r in caplog.records if "rewards are not 0/1" in r.getMessage()]
+    assert len(said) == 1, "said once per run, not once per report"
+    assert "SARA_EFFECTIVE=reward" in said[0].getMessage()
+    (warning,) = (await api.stats())["warnings"]
+    assert "rewards are not 0/1 (first seen: 0.1)" in warning and "SARA_EFFECTIVE=reward" in warning
+    # another replica of the run does not say it again
+    other = await make_api(batch_size=4, prefetch_batches=2)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sara.service"):
+        await run(other, rounds=2)
+    assert not [r for r in caplog.records if "rewards are not 0/1" in r.getMessage()]
+    assert (await other.stats())["warnings"] == [warning]
+    assert 'sara_warnings{namespace="default"} 1.0' in (await other.get("/metrics")).text
+
+
+async def test_binary_rewards_raise_no_warning(make_api):
+    api = await make_api(batch_size=2, prefetch_batches=1)
+    await api.add(prompt_spec("m1", "mixed"), prompt_spec("f1", "fail"))
+    await api.work("w1", 8)
+    assert (await api.stats())["warnings"] == []
+
+
+async def test_a_new_level_makes_plans_abandon_later(make_api):
+    """Two levels assumed: a group opens issuing 4 (it would abandon after 4 equal rewards);
+    once a third level has arrived, new groups open issuing 6."""
+    api = await make_api(effective="reward", reward_tolerance=0.01, batch_size=4,
+                         prefetch_batches=1)
+    await api.add(*POOL[:40])
+    lease = await api.lease("w1", 4)
+    (first,) = {r["group_id"] for r in lease["rollouts"]}
+    await api.report("w1", [result_for(r, reward=[0.0, 0.1, 1.0, 0.0][i])
+                            for i, r in enumerate(lease["rollouts"])])
+    assert (await api.stats())["reward_levels"] == {"0": 2, "10": 1, "100": 1}
+    assert (await api.group(first))["state"] == "committed"
+    # the first group gets its other 4; every group opened since plans for three levels
+    issued = _issued((await api.lease("w1", 64))["rollouts"])
+    assert issued.pop(first) == 4
+    assert issued and all(n == 6 for n in issued.values()), issued
+
+
+async def test_a_replica_learns_the_levels_another_saw_in_its_upkeep(make_api):
+    settings = dict(effective="reward", reward_tolerance=0.01, batch_size=4, prefetch_batches=1)
+    a, b = await make_api(**settings), await make_api(**settings)
+    await a.add(*POOL[:40])
+    lease = await a.lease("w1", 4)
+    await a.report("w1", [result_for(r, reward=[0.0, 0.1, 1.0, 0.0][i])
+                          for i, r in enumerate(lease["rollouts"])])
+    await b.app.state.scheduler.maintain()   # the upkeep loop's tick on replica b
+    issued = _issued((await b.lease("w2", 64))["rollouts"])
+    issued.pop(lease["rollouts"][0]["group_id"])
+    assert issued and all(n == 6 for n in issued.values()), issued
+
+
+def _issued(rollouts: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rollouts:
+        out[r["group_id"]] = out.get(r["group_id"], 0) + 1
+    return out
+
+
+async def test_dps_selection_runs_under_the_reward_view(make_api):
+    api = await make_api(effective="reward", reward_tolerance=0.01, selection="dps",
+                         batch_size=4, prefetch_batches=2)
+    await api.add(*POOL[:40])
+    delivered = await run(api, rounds=20)
+    assert delivered and all(len({r["reward"] for r in g["rollouts"]}) == 2 for g in delivered)
+    metrics = (await api.get("/metrics")).text
+    assert 'sara_reward_levels_seen{namespace="default"} 2.0' in metrics
+    assert 'sara_warnings{namespace="default"} 0.0' in metrics
+
+
+async def test_history_selection_skips_prompts_whose_rewards_never_differ(make_api):
+    """Under the reward view a prompt is skipped once its Dirichlet says a new group is unlikely
+    to come out with differing rewards: here, prompts that always score 0.1 (always formatted,
+    never right), beside prompts whose formats vary."""
+    api = await make_api(effective="reward", reward_tolerance=0.01, selection="history",
+                         tau_skip=0.5, batch_size=4, prefetch_batches=2)
+    await api.add(*[prompt_spec(f"same{i}", "fail") for i in range(10)],
+                  *[prompt_spec(f"vary{i}", "fail") for i in range(10)])
+    for _ in range(30):
+        lease = await api.lease("w1", 64)
+        if lease["rollouts"]:
+            await api.report("w1", [result_for(r, reward=0.1 if r["prompt_id"].startswith("same")
+                                               else shaped(r["rollout_id"]))
+                                    for r in lease["rollouts"]])
+        while (r := await api.next_batch()).status_code == 200:
+            await api.ok("POST", f"/batches/{r.json()['batch_id']}/ack")
+    c = await api.counters()
+    assert c["groups_skipped"] > 0
+    same = [await api.prompt(f"same{i}") for i in range(10)]
+    vary = [await api.prompt(f"vary{i}") for i in range(10)]
+    # the pure prompts stop being visited; the varied ones keep coming back
+    assert sum(p["history"]["groups"] for p in vary) >= 1.5 * sum(p["history"]["groups"]
+                                                                  for p in same)
+
+
+async def test_the_reward_view_is_refused_with_what_it_cannot_run(make_app):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="does not support tau_low=auto"):
+        make_app(effective="reward", tau_low="auto")

@@ -1,0 +1,71 @@
+"""bench/reward_levels.py: its exact figures against Monte Carlo, and a small run through the
+real service under SARA_EFFECTIVE=reward (DS near k / P(not all equal), SARA below it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load():
+    name = "bench_reward_levels"
+    if name in sys.modules:
+        return sys.modules[name]
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / "reward_levels.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+def test_exact_figures_of_one_even_prompt():
+    """Two levels at even odds, k = 8: DS spends 8 / (1 - 2/256); SARA abandons after 4 equal
+    (chance 1/8) and spends (4/8 + 8 * 7/8) / (7/8)."""
+    f = bench.exact([[0.5, 0.5]], 8, 4)
+    assert f["ds"] == pytest.approx(8 / (1 - 2 / 256))
+    assert f["sara"] == pytest.approx(7.5 / 0.875)
+
+
+def test_exact_figures_match_monte_carlo():
+    pool = bench.make_pool(50, 3, 0.3, seed=1)
+    k, t = 8, 6
+    rng = random.Random(2)
+    ds_cost = ds_eff = sara_cost = sara_eff = 0
+    for _ in range(40_000):
+        pi = pool[rng.randrange(len(pool))]
+        levels = [bench.draw_level(rng, pi) for _ in range(k)]
+        ds_cost += k
+        ds_eff += len(set(levels)) > 1
+        mixed_early = len(set(levels[:t])) > 1
+        sara_cost += k if mixed_early else t
+        sara_eff += mixed_early
+    f = bench.exact(pool, k, t)
+    assert ds_cost / ds_eff == pytest.approx(f["ds"], rel=0.03)
+    assert sara_cost / sara_eff == pytest.approx(f["sara"], rel=0.03)
+
+
+@pytest.mark.anyio
+async def test_a_small_run_through_the_service():
+    args = bench.parse(["--prompts", "60", "--epochs", "3", "--methods", "ds,sara,ds-outcome"])
+    rewards = [0.0, 0.1]
+    pool = bench.make_pool(args.prompts, 2, args.concentration, args.seed)
+    rows = {m: await bench.run_method(m, pool, rewards, args) for m in ("ds", "sara",
+                                                                         "ds-outcome")}
+    f = bench.exact(pool, args.k, 4)
+    ds, sara = rows["ds"], rows["sara"]
+    assert ds["groups_delivered"] == ds["delivered_with_differing_rewards"] > 0
+    assert sara["groups_delivered"] == sara["delivered_with_differing_rewards"] > 0
+    assert ds["rollouts_per_effective_group"] == pytest.approx(f["ds"], rel=0.15)
+    assert sara["rollouts_per_effective_group"] < ds["rollouts_per_effective_group"]
+    assert rows["ds-outcome"]["groups_delivered"] == 0
+    assert "rewards are not 0/1" in rows["ds-outcome"]["warnings"][0]

@@ -1,0 +1,124 @@
+"""Under SARA_EFFECTIVE=reward the Lua scripts decide exactly as the Python reference does
+(`reward_levels.decide_levels` and the plan's thresholds), case by case, as
+test_lua_parity.py checks the outcome view.
+
+Each case opens one group with the plan the scheduler would compute (`plan_levels`), feeds it
+a sequence of reward levels one result call at a time, and compares the script's decision, the
+group's issued count and its stored p_eff after every result with the reference's; an abandoned
+group's estimate of a false abandon is checked against `mixed_chance_levels`.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sara_client.models import RolloutResult
+from sara_service.redis_format import GroupField
+from sara_service.reward_levels import (
+    decide_levels, level_table, mixed_chance_levels, plan_levels,
+)
+
+pytestmark = pytest.mark.anyio
+
+LABELS = ["0", "100000", "1000000", "-3", "7"]
+EDGES = [("sara", 8, 3, 1.0, 0.5), ("sara", 8, 2, 1.0, 0.5), ("sara", 4, 5, 0.5, 0.8),
+         ("dynamic_sampling", 8, 3, 1.0, 0.5), ("uniform", 4, 2, 1.0, 0.5),
+         ("sara", 16, 2, 0.1, 0.3), ("sara", 8, 4, 3.0, 0.0)]
+
+
+def reference(policy: str, k: int, levels: int, alpha0: float, tau: float,
+              stream: list[str]) -> dict:
+    """What the engine should do with `stream`, fed in slot order until the group is decided
+    or has no issued rollout left to report."""
+    plan = plan_levels(policy, k, levels, alpha0, tau)
+    thr = plan.after_failures
+    assert thr == plan.after_successes  # one table for every level
+    issued, seen, steps, final = plan.initial_issue, [], [], "saturated"
+    for level in stream:
+        if len(seen) >= issued or final in ("committed", "abandoned"):
+            break
+        seen.append(level)
+        n = len(seen)
+        if len(set(seen)) >= 2:
+            decision, issued, final = "commit", k, "committed"
+        elif n >= thr:
+            decision, final = "abandon", "abandoned"
+        else:
+            decision, issued = "continue", max(issued, min(thr, k))
+        if policy == "sara" and final != "committed":
+            assert decide_levels(seen, k, levels, alpha0, tau) == decision
+        steps.append((level, decision, issued))
+    if final == "saturated" and len(seen) < k:
+        final = "open"
+    return {"plan": plan, "steps": steps, "final": final}
+
+
+def cases(count: int = 160) -> list[tuple]:
+    rng = random.Random(26)
+    out = []
+    for i in range(count):
+        if i < len(EDGES):
+            policy, k, levels, alpha0, tau = EDGES[i]
+        else:
+            policy = rng.choice(["sara", "sara", "sara", "dynamic_sampling", "uniform"])
+            k, levels = rng.choice([2, 3, 4, 8, 16]), rng.randint(2, 5)
+            alpha0, tau = 10 ** rng.uniform(-1, 1), rng.choice([0.0, 0.3, 0.5, 0.7, 0.9])
+        if plan_levels(policy, k, levels, alpha0, tau).skip:
+            continue
+        pure = rng.random() < 0.5
+        first = rng.choice(LABELS)
+        stream = [first if pure or rng.random() < 0.8 else rng.choice(LABELS) for _ in range(k)]
+        out.append((policy, k, levels, alpha0, tau, stream))
+    return out
+
+
+CASES = cases()
+
+
+@pytest.fixture
+def redis_url(single_redis_url) -> str:
+    """One server: the cases check the scripts' arithmetic, which a cluster node runs the same."""
+    return single_redis_url
+
+
+async def _group(store, gid: str) -> dict:
+    (row,) = await store.read_groups([gid])
+    return row
+
+
+def test_cases_cover_every_ending():
+    finals = {reference(*c)["final"] for c in CASES}
+    assert {"committed", "abandoned", "saturated"} <= finals
+    assert {c[0] for c in CASES} == {"sara", "uniform", "dynamic_sampling"}
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+async def test_lua_matches_the_reward_view_reference(store, index):
+    policy, k, levels, alpha0, tau, stream = CASES[index]
+    want = reference(policy, k, levels, alpha0, tau, stream)
+    table = level_table(k, levels, alpha0)
+    gid = f"g{index}"
+    assert await store.open_groups(0.0, 10**9, [(gid, "p", want["plan"])], "complete") == 1
+    assert int((await _group(store, gid))[GroupField.issued]) == want["plan"].initial_issue
+    for n, (level, decision, issued) in enumerate(want["steps"]):
+        result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(n % 2))
+        applied = await store.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0, alpha0,
+                                            60.0, levels=[level], levels_in_use=levels)
+        assert applied.decisions == [(gid, decision)], f"after levels {stream[:n + 1]}"
+        row = await _group(store, gid)
+        assert int(row[GroupField.issued]) == issued
+        if decision != "commit":   # the stored p_eff is the plan's entry, to the bit
+            assert float(row[GroupField.p_eff]) == table[min(n + 1, want["plan"].after_failures)]
+    (state,) = await store.group_state([gid])
+    expected = {"committed": {"committed", "ready"}, "abandoned": {"abandoned"}, "open": {"open"},
+                "saturated": {"ready"} if policy == "uniform" else {"dropped"}}
+    assert state in expected[want["final"]]
+    if want["final"] == "abandoned":
+        n = len(want["steps"])
+        counts = {stream[0]: float(n)}
+        q = mixed_chance_levels(counts, stream[0], k - n, levels, alpha0)
+        c = await store.counters()
+        assert float(c["estimated_false_abandons"]) == pytest.approx(q, rel=1e-12, abs=1e-15)
+        assert float(c["expected_false_abandons"]) == table[n]
