@@ -88,12 +88,34 @@ def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
         cap = matched_cap(protocol, mixed)
         cfg = dataclasses.replace(cfg, batch_groups=cap)   # the scheduler's flow target
         sizer = _matched_sizer(protocol, mixed, cap)
+    buckets = BucketCounts(pool)
     trainer, stats, _, history, evals = asyncio.run(run_rl(
         cfg, work, start, pool, judged, before, started + protocol.time_budget_s,
-        evaluator=evaluator, batch_size=sizer))
+        evaluator=evaluator, batch_size=sizer, on_end=buckets.read))
     _final_eval(evaluator, trainer, history, evals)
     seconds = time.perf_counter() - started
-    return _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
+    record = _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
+    return {**record, "by_bucket": buckets.counts}
+
+
+class BucketCounts:
+    """The scheduler's per-prompt history at the end of a run, summed by arith bucket: groups
+    opened, committed (mixed: what the trainer got), abandoned, rollouts and successes. It shows
+    where a method's batches come from, which the accuracy curves alone do not."""
+
+    FIELDS = ("groups", "committed", "abandoned", "rollouts", "successes")
+
+    def __init__(self, pool: list[dict[str, Any]]) -> None:
+        self.bucket_of = {p["id"]: p["meta"]["bucket"] for p in pool}
+        self.counts: dict[str, dict[str, int]] = {}
+
+    async def read(self, client: Any) -> None:
+        """Sum every prompt's history into :attr:`counts` (run_rl's ``on_end``)."""
+        async for item in client.iter_prompts(page_size=1000):
+            bucket = self.bucket_of.get(item.id, "other")
+            into = self.counts.setdefault(bucket, dict.fromkeys(self.FIELDS, 0))
+            for name in self.FIELDS:
+                into[name] += getattr(item.history, name)
 
 
 def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Path):

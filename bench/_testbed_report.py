@@ -181,7 +181,9 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
 def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
                   runs: list[dict[str, Any]]) -> str:
     """The whole text report after the header: tables, criteria, then one line per run."""
-    return format_tables(summary, crit) + "\n\n" + format_runs(runs)
+    shares = format_bucket_shares(runs)
+    return format_tables(summary, crit) + "\n\n" + format_runs(runs) + (
+        "\n\n" + shares if shares else "")
 
 
 def format_runs(runs: list[dict[str, Any]]) -> str:
@@ -199,6 +201,34 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
                      f"{100 * r['curve'][0]['accuracy']:>7.1f}%{100 * final_accuracy(r):>7.1f}%"
                      f"{'not reached' if spent is None else f'{spent:,.0f}':>22}{ratio:>7}"
                      f"{r['pool_revisits']:>10.1f}{r['seconds']:>7.0f}")
+    return "\n".join(lines)
+
+
+def bucket_shares(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[float, float]]:
+    """Each bucket's share of the method's committed (mixed, trained) groups, mean and 95%
+    half-width over the seeds whose record has ``by_bucket``."""
+    per_seed = []
+    for r in runs:
+        if r["method"] == method and r.get("by_bucket"):
+            total = sum(b["committed"] for b in r["by_bucket"].values()) or 1
+            per_seed.append({k: b["committed"] / total for k, b in r["by_bucket"].items()})
+    names = sorted({k for shares in per_seed for k in shares})
+    return {k: mean_ci([shares.get(k, 0.0) for shares in per_seed]) for k in names}
+
+
+def format_bucket_shares(runs: list[dict[str, Any]]) -> str:
+    """Where each method's trained groups come from: % of its committed groups per bucket."""
+    methods = list(dict.fromkeys(r["method"] for r in runs if r.get("by_bucket")))
+    table = {m: bucket_shares(runs, m) for m in methods}
+    buckets = sorted({b for shares in table.values() for b in shares})
+    if not buckets:
+        return ""
+    head = f"{'method':<16}" + "".join(f"{b:>12}" for b in buckets)
+    lines = ["committed (trained) groups by bucket (% of the method's, mean ± 95% CI)", head,
+             "-" * len(head)]
+    for m, shares in table.items():
+        lines.append(f"{m:<16}" + "".join(
+            f"{_ci(shares.get(b, (0.0, 0.0)), 100, '.1f'):>12}" for b in buckets))
     return "\n".join(lines)
 
 

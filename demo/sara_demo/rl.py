@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .config import DemoConfig, say
@@ -70,13 +70,16 @@ def _make_backend(cfg: DemoConfig, model_dir: str):
 async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict], eval_set,
                  before: dict, deadline: float, label: str = "", *,
                  evaluator: Callable[[Any, Any], dict[str, Any]] | None = None,
-                 batch_size: Callable[[list[dict]], int | None] | None = None) -> tuple:
+                 batch_size: Callable[[list[dict]], int | None] | None = None,
+                 on_end: Callable[[Any], Awaitable[None]] | None = None) -> tuple:
     """One RL run from `sft_dir` under ``cfg.policy``; returns (trainer, the scheduler's final
     stats, the worker's counters, one history entry per step, the held-out evaluations).
 
     ``evaluator(model, tokenizer)`` replaces the held-out evaluation (its dict, with at least
     ``accuracy``, goes into each evaluation record); ``batch_size(history)`` chooses how many
-    groups each step asks for (see :class:`sara_trainer.loop.Trainer`)."""
+    groups each step asks for (see :class:`sara_trainer.loop.Trainer`); ``on_end(client)`` is
+    awaited after the last step, while the scheduler still holds the run's state (per-prompt
+    counts, say)."""
     import sara_client
 
     tcfg = _trainer_config(cfg, work, sft_dir)
@@ -88,6 +91,8 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
             await client.add_prompts(prompts[i:i + 1000])
         trainer, counters, out_of_time = await _train_and_work(cfg, tcfg, client, backend, steps,
                                                                deadline, batch_size)
+        if on_end is not None:
+            await on_end(client)
         stats = await client.stats()
     _check_end(cfg, trainer, out_of_time, steps.budget_spent.is_set())
     return trainer, stats, counters, steps.history, steps.evals

@@ -69,6 +69,19 @@ def test_accuracy_at_equal_steps_and_generation_cost_per_rollout():
     assert "@ 100 steps" in report.format_tables([figures], report.criteria([short]))
 
 
+def test_bucket_shares_are_each_methods_committed_groups_by_bucket():
+    runs = [_run("ds", 0, [0.4, 0.5], by_bucket={"add2": {"committed": 30}, "mul2": {"committed": 10}}),
+            _run("ds", 1, [0.4, 0.5], by_bucket={"add2": {"committed": 10}, "mul2": {"committed": 10}}),
+            _run("sara", 0, [0.4, 0.5])]                  # no by_bucket: left out
+    shares = report.bucket_shares(runs, "ds")
+    assert shares["add2"][0] == pytest.approx((0.75 + 0.5) / 2)
+    assert shares["mul2"][0] == pytest.approx((0.25 + 0.5) / 2)
+    assert report.bucket_shares(runs, "sara") == {}
+    text = report.format_bucket_shares(runs)
+    assert "mul2" in text and "sara" not in text.split("\n", 3)[-1]
+    assert report.format_bucket_shares([_run("ds", 0, [0.4])]) == ""
+
+
 def test_lasting_learning_is_judged_in_standard_errors():
     # 0.40 -> 0.60 rising until the last points, steps 0..160
     slow = _run("ds", 0, [0.40, 0.46, 0.50, 0.53, 0.55, 0.57, 0.58, 0.595, 0.60, 0.60, 0.60,
@@ -165,4 +178,6 @@ def test_quick_testbed_run_of_every_method(tmp_path):
         assert [p["rollouts"] for p in curve] == sorted(p["rollouts"] for p in curve)
     assert max(runs["uniform_matched"]["batch_sizes"]) > 16 >= max(runs["uniform"]["batch_sizes"])
     assert "testbed criteria" in prefix.with_suffix(".txt").read_text()
+    for method, r in runs.items():   # the scheduler's per-prompt counts, read before it stops
+        assert sum(b["committed"] for b in r["by_bucket"].values()) >= r["groups_mixed"] > 0, method
     assert prefix.with_suffix(".png").stat().st_size > 10_000
