@@ -97,16 +97,18 @@ def num(value: str) -> float | None:
     return None if value == "" else float(value)
 
 
+def _lease_one_rollout(worker: SaraClient) -> str:
+    """Lease one rollout as one of the workload's workers, while the workload still runs.
+
+    Once the workload stops, its trainer no longer acks batches, so flow control may admit no
+    new group and the queue can be empty: the lease must be taken before the stop."""
+    lease = wait_until(lambda: (got := worker.lease("sim-a", 1, wait_s=1)).rollouts and got,
+                       30, "a rollout to lease while the workload runs")
+    return lease.rollouts[0].rollout_id
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(90)
-def _report_a_shaped_reward(url: str) -> None:
-    """One result of reward 0.1 (neither 0 nor 1), as one of the workload's workers."""
-    with SaraClient(url, token=TOKENS["worker"]) as worker:
-        lease = worker.lease("sim-a", 1, wait_s=5)
-        assert lease.rollouts, "no rollout to report"
-        worker.report("sim-a", [{"rollout_id": lease.rollouts[0].rollout_id, "reward": 0.1}])
-
-
 def test_dashboard_live_in_chromium(redis_url, tmp_path):
     exe = _require_browser()
     settings = Settings(redis_url=redis_url, policy="sara", group_size=8, tau_low=0.5,
@@ -122,7 +124,8 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
         workload = Workload(server.url, admin=TOKENS["admin"], worker=TOKENS["worker"],
                             trainer=TOKENS["trainer"]).start()
         with Browser.launch(tmp_path, exe) as browser, \
-                SaraClient(server.url, token=TOKENS["operator"]) as operator:
+                SaraClient(server.url, token=TOKENS["operator"]) as operator, \
+                SaraClient(server.url, token=TOKENS["worker"]) as worker:
             page = browser.page()
             page.navigate(f"{server.url}/dashboard?token={TOKENS['operator']}")
 
@@ -140,8 +143,10 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
             assert moving["tokenStored"]
 
             assert moving["warnings"]["hidden"] and moving["effective"] == "outcome"
+            shaped = _lease_one_rollout(worker)
             workload.stop()
-            _report_a_shaped_reward(server.url)   # the outcome view's warning must show
+            # one reward of 0.1 (neither 0 nor 1): the outcome view's warning must show
+            worker.report("sim-a", [{"rollout_id": shaped, "reward": 0.1}])
             quiet_now = operator.stats().now
             after = wait_until(lambda: (s := snap())["status"]["now"] > quiet_now and s, 10,
                                "a poll after the workload stopped")
