@@ -37,7 +37,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _engine_meter import (  # noqa: E402  (bench/ is not a package)
+    CpuMeter, InflightSampler, ServeProcess, build_model, load_average,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "worker_overhead.txt"
@@ -113,101 +118,6 @@ class Round:
         return self.rollouts / used if used > 0 else float("nan")
 
 
-# --- CPU accounting (Linux /proc) ---------------------------------------------------------------
-
-
-def _descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            kids = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
-        except OSError:
-            continue
-        for kid in map(int, kids):
-            out += [kid, *_descendants(kid)]
-    return out
-
-
-def _cpu_of(pids: list[int]) -> float:
-    """user + system CPU seconds these (live) processes have used so far."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_wait_of(pids: list[int]) -> float:
-    """Seconds these processes' threads have spent runnable but waiting for a CPU (schedstat)."""
-    total = 0
-    for pid in pids:
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    return total / 1e9
-
-
-def _machine_busy() -> float:
-    """CPU seconds every process on the machine has used (/proc/stat, all but idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-class CpuMeter:
-    """CPU seconds per part over one round: this process, the engine, the scheduler, the rest."""
-
-    def __init__(self, scheduler_pid: int | None) -> None:
-        self.scheduler_pid = scheduler_pid
-
-    def sample(self) -> dict[str, float]:
-        me = os.getpid()
-        engine = _descendants(me)
-        scheduler = ([self.scheduler_pid, *_descendants(self.scheduler_pid)]
-                     if self.scheduler_pid else [])
-        engine = [p for p in engine if p not in scheduler]
-        return {"worker": _cpu_of([me]), "engine": _cpu_of(engine),
-                "scheduler": _cpu_of(scheduler), "machine": _machine_busy(),
-                "wait": _cpu_wait_of(engine)}
-
-    @staticmethod
-    def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
-        used = {k: (after[k] - before[k]) / seconds for k in before}
-        used["other"] = max(0.0, used.pop("machine") - used["worker"] - used["engine"]
-                            - used["scheduler"])
-        used["engine-waiting"] = used.pop("wait")
-        return used
-
-
-class InflightSampler:
-    """Mean number of requests the engine holds, sampled every 10 ms (a measurement aid)."""
-
-    def __init__(self, engine) -> None:
-        self.engine, self.samples = engine, []
-        self.task = asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            self.samples.append(self.engine.get_num_unfinished_requests())
-            await asyncio.sleep(0.01)
-
-    def stop(self) -> float:
-        self.task.cancel()
-        return statistics.fmean(self.samples) if self.samples else 0.0
-
-
 # --- the engine alone ----------------------------------------------------------------------------
 
 
@@ -242,64 +152,16 @@ async def engine_round(backend, args, tag: str) -> Round:
 # --- through the service -------------------------------------------------------------------------
 
 
-class Scheduler:
+class Scheduler(ServeProcess):
     """`sara serve` (embedded Redis) in a subprocess, uniform policy."""
 
     def __init__(self, args, work: Path) -> None:
-        from sara_service.embedded import free_port
-
-        self.port = free_port()
-        self.log = work / "serve.log"
-        nice = ["nice", "-n", str(args.scheduler_nice)] if args.scheduler_nice else []
-        self.cmd = [*nice, sys.executable, "-m", "sara_cli", "serve",
-                    "--port", str(self.port),
-                    "--policy", "uniform", "--group-size", str(args.group_size),
-                    "--batch-size", "8", "--data-dir", str(work / "sara-data"),
-                    "--log-level", "warning"]
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SARA_")}
-        self.env.update({"SARA_PREFETCH_BATCHES": "16", "SARA_MAX_TOKENS": str(args.max_tokens),
-                         "SARA_TEMPERATURE": str(args.temperature),
-                         "SARA_TOP_P": str(args.top_p), "SARA_MAX_STALENESS": "100"})
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "Scheduler":
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self.env,
-                                            start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # start-up: poll /readyz with a deadline
-            if self.process.poll() is not None:
-                break
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"sara serve did not start:\n{self.log.read_text()[-3000:]}")
-
-    def client(self):
-        from sara_client import AsyncSaraClient
-
-        return AsyncSaraClient(self.url)
-
-    def cpu_pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        super().__init__(work, group_size=args.group_size, nice=args.scheduler_nice,
+                         flags=["--policy", "uniform"],
+                         env={"SARA_PREFETCH_BATCHES": "16",
+                              "SARA_MAX_TOKENS": str(args.max_tokens),
+                              "SARA_TEMPERATURE": str(args.temperature),
+                              "SARA_TOP_P": str(args.top_p), "SARA_MAX_STALENESS": "100"})
 
 
 class InProcessScheduler:
@@ -386,12 +248,6 @@ async def service_round(backend, args, scheduler, tag: str) -> Round:
 # --- main ----------------------------------------------------------------------------------------
 
 
-def build_model(work: Path, context: int) -> Path:
-    from sara_trainer.tiny import TinyConfig, build_tiny_policy
-
-    return build_tiny_policy(work / "tiny", TinyConfig(context=context))
-
-
 async def run(args, work: Path) -> tuple[list[Round], str]:
     from sara_worker.backends.vllm import VLLMBackend
 
@@ -429,13 +285,6 @@ def cores_text(r: Round) -> str:
     if not r.cores:
         return ""
     return " ".join(f"{k} {v:.2f}" for k, v in r.cores.items())
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def report(args, rounds: list[Round], model: str, command: str) -> str:

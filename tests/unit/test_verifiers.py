@@ -270,3 +270,29 @@ def test_math_arbitrary_text_never_raises(completion):
 @given(expr=st.text(alphabet=st.sampled_from("0123456789+-*/() ._xa=<>"), max_size=80))
 def test_countdown_arbitrary_expressions_never_raise(expr):
     assert get("countdown")(f"<answer>{expr}</answer>", None, COUNTDOWN) in (0.0, 1.0)
+
+
+def test_sim_draws_untagged_completions_from_p_success():
+    """A real engine's text carries no sim tag: the reward is Bernoulli(meta.p_success)."""
+    from sara_worker.verifiers import sim
+
+    sim.seed(7)
+    draws = [score("sim", "any text a model wrote", None, {"p_success": 0.3})
+             for _ in range(4000)]
+    assert set(draws) == {0.0, 1.0}
+    assert abs(sum(draws) / len(draws) - 0.3) < 0.03   # 4.4 standard errors
+    assert all(score("sim", "text", None, {"p_success": 1.0}) == 1.0 for _ in range(50))
+    assert all(score("sim", "text", None, {"p_success": 0.0}) == 0.0 for _ in range(50))
+    sim.seed(7)
+    assert [score("sim", "x", None, {"p_success": 0.3}) for _ in range(4000)] == draws
+
+
+@pytest.mark.parametrize("meta", [{}, {"p_success": "0.5"}, {"p_success": 1.5},
+                                  {"p_success": float("nan")}, {"p_success": True}])
+def test_sim_without_a_usable_p_success_scores_zero(meta):
+    assert score("sim", "untagged", None, meta) == 0.0
+
+
+@pytest.mark.parametrize("completion", ["<sim aborted>", "<sim error=boom>"])
+def test_sim_backend_endings_are_not_drawn(completion):
+    assert score("sim", completion, None, {"p_success": 1.0}) == 0.0

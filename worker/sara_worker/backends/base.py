@@ -42,6 +42,10 @@ class Generation:
     finish_reason: str = "stop"
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    # what the engine says of the prompt, where it says it (vllm): its length in tokens and how
+    # many of them came from the prefix cache
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
 
 
 @runtime_checkable

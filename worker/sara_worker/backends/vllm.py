@@ -71,6 +71,8 @@ class Progress:
     token_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -336,6 +338,7 @@ class VLLMBackend(ObservableProgress, BaseBackend):
                 prompt = await self.engine_input(rollout.prompt)
                 if not aborted.is_set():
                     async for out in engine.generate(prompt, params, rid):
+                        self._absorb_prompt(progress, out)
                         self._absorb(progress, out.outputs[0])
                         if aborted.is_set() and not out.finished:
                             await engine.abort(rid)  # abort() raced the request's admission
@@ -351,7 +354,18 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         return Generation(completion=text,
                           completion_tokens=progress.tokens, finish_reason=_FINISH[reason],
                           token_ids=list(progress.token_ids),
-                          logprobs=list(progress.logprobs) if self.logprobs else None)
+                          logprobs=list(progress.logprobs) if self.logprobs else None,
+                          prompt_tokens=progress.prompt_tokens,
+                          cached_prompt_tokens=progress.cached_prompt_tokens)
+
+    @staticmethod
+    def _absorb_prompt(progress: Progress, out: Any) -> None:
+        """The prompt's length and prefix-cache hits, from the first output that carries them."""
+        if progress.prompt_tokens is None and out.prompt_token_ids is not None:
+            progress.prompt_tokens = len(out.prompt_token_ids)
+        cached = getattr(out, "num_cached_tokens", None)
+        if cached is not None:
+            progress.cached_prompt_tokens = int(cached)
 
     def _absorb(self, progress: Progress, output: Any) -> None:
         new_ids = list(output.token_ids or ())
