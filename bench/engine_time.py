@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=256)
     p.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's share of the GPU's memory (GPU only; default vLLM's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="CI size: 2 rounds of 16 effective groups, 128 raw rollouts, 128 prompts")
@@ -193,9 +195,11 @@ def recording_backend(model: str, args: argparse.Namespace):
                 gen.finish_reason, gen.prompt_tokens, gen.cached_prompt_tokens))
             return gen
 
+    extra = ({} if args.gpu_memory_utilization is None
+             else {"gpu_memory_utilization": args.gpu_memory_utilization})
     return RecordingVLLM(model, dtype=args.dtype, enforce_eager=args.eager,
                          max_model_len=args.max_model_len, max_num_seqs=args.concurrency,
-                         seed=args.seed)
+                         seed=args.seed, **extra)
 
 
 @dataclass
@@ -293,11 +297,11 @@ async def policy_round(backend, scheduler: ServeProcess, policy: str, args, tag:
 
 
 async def consume(trainer, state: dict, target: int, t0: float) -> None:
-    """A trainer that takes every batch as soon as it is ready, counting effective groups."""
+    """A trainer that takes every batch as soon as it is ready (a long poll: the scheduler
+    answers when a batch forms), counting effective groups."""
     while state["end"] is None:
-        batch = await trainer.next_batch(wait_s=0)
+        batch = await trainer.next_batch(wait_s=5)
         if batch is None:
-            await asyncio.sleep(0.02)   # a poll interval; the round ends on the count
             continue
         for group in batch.groups:
             state["delivered"] += 1

@@ -217,14 +217,12 @@ async def service_round(backend, args, scheduler, tag: str) -> Round:
     stop = asyncio.Event()
 
     async def consume() -> None:
-        # A trainer busy training between pulls: it takes what is ready every 0.2 s (a long
-        # poll would have the scheduler re-check Redis every poll_interval_s meanwhile).
+        # A trainer that takes each batch as it forms: a long poll, which the scheduler
+        # answers when its wake stream says a batch is ready.
         while not stop.is_set():
-            batch = await trainer.next_batch(wait_s=0)
+            batch = await trainer.next_batch(wait_s=1)
             if batch is not None:
                 await trainer.ack(batch.batch_id)
-                continue
-            await asyncio.sleep(0.2)
 
     consumer = asyncio.ensure_future(consume())
     sampler = InflightSampler(backend.engine)

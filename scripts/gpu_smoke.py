@@ -9,6 +9,7 @@ but the third-party packages; the repo's own packages are found from pyproject.t
     python scripts/gpu_smoke.py train ARGS...         `sara train ARGS`, then its peak memory
     python scripts/gpu_smoke.py summary DIR STEPS VLLM RC   check the logs in DIR, write
                                                       summary.json; exit 1 on a failed check
+    python scripts/gpu_smoke.py bench NAME ARGS...    bench/NAME.py ARGS with the repo's packages
 
 The "smoke" task pays 1 when a completion starts with a character of the first half of the tiny
 tokenizer's alphabet: a random-weight model samples nearly uniformly, so about half its
@@ -242,6 +243,23 @@ def cmd_summary(d: str, steps: int, has_vllm: bool, train_rc: int) -> int:
     return 1 if fail else 0
 
 
+def cmd_bench(name: str, args: list[str]) -> int:
+    """Run bench/<name>.py as a script, with the repo's packages importable."""
+    import runpy
+
+    use_repo()
+    script = ROOT / "bench" / f"{name}.py"
+    if not script.is_file():
+        print(f"no bench script {script}")
+        return 2
+    sys.argv = [str(script), *args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
@@ -264,6 +282,8 @@ def main(argv: list[str]) -> int:
     if cmd == "train":
         cmd_train(rest)
         return 0
+    if cmd == "bench":
+        return cmd_bench(rest[0], rest[1:])
     if cmd == "summary":  # DIR STEPS HAS_VLLM(0/1) TRAIN_RC
         return cmd_summary(rest[0], int(rest[1]), rest[2] == "1", int(rest[3]))
     print(f"unknown command {cmd!r}\n{__doc__}")

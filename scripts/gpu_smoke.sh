@@ -6,7 +6,8 @@
 # vllm imports), and runs `sara train` on the GPU for a few steps: fp32 master weights with bf16
 # autocast, a token budget per micro-batch, gradient checkpointing. Then it prints each step's
 # time, the trainer's memory estimate, its measured peak GPU memory, the card's peak use, and
-# whether the vLLM worker reloaded each version in place (no engine rebuild).
+# whether the vLLM worker reloaded each version in place (no engine rebuild). With vLLM on the
+# GPU it then runs bench/engine_time.py --quick there and prints its table.
 #
 #   scripts/gpu_smoke.sh [--device auto|cuda|cpu] [--steps N (3 on cpu, 5 on cuda)] [--arch qwen2|gpt2]
 #                        [--wheels DIR] [--no-vllm] [--timeout S] [--keep]
@@ -157,5 +158,19 @@ cat "$LOGS/trainer.log"
 say "summary"
 "${SMOKE[@]}" summary "$LOGS" "$STEPS" "$HAS_VLLM" "$TRAIN_RC"
 RC=$?
+
+if [ "$HAS_VLLM" = 1 ]; then
+    # the workers and the scheduler hold GPU memory: the bench starts its own engine and servers
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+    PIDS=()
+    say "engine time on $DEVICE (bench/engine_time.py --quick: every policy, the raw engine)"
+    timeout "$TIMEOUT" "${SMOKE[@]}" bench engine_time --quick --model "$WORK/model" \
+        --dtype bfloat16 --max-model-len 256 --gpu-memory-utilization 0.5 --no-write \
+        --json "$LOGS/engine_time.json" > "$LOGS/engine_time.log" 2>&1
+    BENCH_RC=$?
+    sed -n '/^SARA engine time/,$p' "$LOGS/engine_time.log"
+    [ "$BENCH_RC" = 0 ] || { echo "engine time bench failed (exit $BENCH_RC):"; tail -30 "$LOGS/engine_time.log"; RC=1; }
+fi
 say "done (exit $RC); log: $LOGS/gpu_smoke.log"
 exit $RC

@@ -18,6 +18,9 @@ def worker(
         "--token", envvar=["SARA_WORKER_TOKEN", "SARA_TOKEN"], help="Worker bearer token.")] = None,
     worker_id: Annotated[Optional[str], typer.Option(help="Default: hostname-pid.")] = None,
     capacity: Annotated[int, typer.Option(min=1, help="Most rollouts in flight at once.")] = 64,
+    lease_min: Annotated[Optional[int], typer.Option(
+        min=1, help="While rollouts are held, lease once this many slots are free "
+                    "(default: capacity / 4).")] = None,
     lease_wait: Annotated[float, typer.Option(min=0, max=60, help="Lease long-poll, s.")] = 5.0,
     report_batch: Annotated[int, typer.Option(min=1, help="Results per report call.")] = 16,
     flush_ms: Annotated[float, typer.Option(min=0, help="Oldest result's wait before a "
@@ -60,7 +63,7 @@ def worker(
                                gpu_memory_utilization=gpu_memory_utilization, pairs=option)
     config = WorkerConfig(
         worker_id=worker_id or default_worker_id(), backend_name=backend, capacity=capacity,
-        lease_wait_s=lease_wait, report_batch=report_batch, flush_interval_s=flush_ms / 1000.0,
+        lease_min_size=lease_min, lease_wait_s=lease_wait, report_batch=report_batch, flush_interval_s=flush_ms / 1000.0,
         lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
         drain_timeout_s=drain_timeout, log_interval_s=log_interval)
     setup_logging(log_level, log_format, worker_id=config.worker_id)

@@ -96,7 +96,7 @@ class AsyncSaraClient(AsyncRunControl, BaseSaraClient):
     async def _send_once(self, call: Call[T]) -> T:
         try:
             response = await self._http.request(
-                call.method, call.path, json=call.json,
+                call.method, call.path, **call.body(),
                 timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT)
         except httpx.TransportError as exc:
             raise error_from_transport(exc) from exc

@@ -42,6 +42,7 @@ DEFAULT_TIMEOUT_S = 30.0
 # Shortest pause between two polls of wait_for_batch, so a server that answers 204 at once is not
 # hammered.
 MIN_POLL_INTERVAL_S = 0.05
+JSON_CONTENT = {"content-type": "application/json"}
 _USER_AGENT = "sara-client/0.1"
 # Transport failures that happen before a request leaves this process: safe to retry.
 _RETRYABLE_TRANSPORT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -118,8 +119,15 @@ class Call(Generic[T]):
     path: str
     parse: Callable[[httpx.Response], T]
     json: Any = None
+    content: bytes | None = None  # a body already encoded as JSON (see `encoded`)
     timeout: httpx.Timeout | None = None
     retry: bool = True
+
+    def body(self) -> dict[str, Any]:
+        """The httpx request arguments that carry this call's body."""
+        if self.content is not None:
+            return {"content": self.content, "headers": JSON_CONTENT}
+        return {"json": self.json}
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -227,8 +235,10 @@ def parse_report(response: httpx.Response, dropped: Sequence[str] = ()) -> Repor
     return answer
 
 
-def _body(request: BaseModel) -> dict[str, Any]:
-    return request.model_dump(mode="json", exclude_none=True)
+def encoded(request: BaseModel) -> bytes:
+    """A request model as its JSON body: pydantic's own encoder, several times faster than
+    dumping to a dict and then through ``json`` (results carry token ids and logprobs)."""
+    return request.model_dump_json(exclude_none=True).encode()
 
 
 def segment(value: str) -> str:
@@ -295,7 +305,7 @@ class BaseSaraClient:
             self, prompts: Sequence[PromptIn | dict[str, Any]]) -> Call[AddPromptsResponse]:
         request = AddPromptsRequest(prompts=list(prompts))
         return Call("POST", "/prompts", partial(parse_model, model=AddPromptsResponse),
-                    json=_body(request))
+                    content=encoded(request))
 
     def _get_prompt_call(self, prompt_id: str) -> Call[PromptOut]:
         return Call("GET", f"/prompts/{segment(prompt_id)}", partial(parse_model, model=PromptOut))
@@ -305,7 +315,7 @@ class BaseSaraClient:
 
     def _publish_policy_call(self, version: int, checkpoint: str | None) -> Call[PolicyInfo]:
         request = PublishPolicyRequest(version=version, checkpoint=checkpoint)
-        return Call("POST", "/policy", partial(parse_model, model=PolicyInfo), json=_body(request))
+        return Call("POST", "/policy", partial(parse_model, model=PolicyInfo), content=encoded(request))
 
     def _get_group_call(self, group_id: str) -> Call[GroupOut]:
         return Call("GET", f"/groups/{segment(group_id)}", partial(parse_model, model=GroupOut))
@@ -330,12 +340,12 @@ class BaseSaraClient:
         request = LeaseRequest(worker_id=worker_id, max_rollouts=max_rollouts, wait_s=wait_s,
                                backend=backend, policy_version=policy_version)
         return Call("POST", "/leases", partial(parse_model, model=LeaseResponse),
-                    json=_body(request), timeout=self._long_poll_timeout(request.wait_s))
+                    content=encoded(request), timeout=self._long_poll_timeout(request.wait_s))
 
     def _heartbeat_call(self, lease_id: str, worker_id: str) -> Call[HeartbeatResponse]:
         request = HeartbeatRequest(worker_id=worker_id)
         return Call("POST", f"/leases/{segment(lease_id)}/heartbeat",
-                    partial(parse_model, model=HeartbeatResponse), json=_body(request))
+                    partial(parse_model, model=HeartbeatResponse), content=encoded(request))
 
     def _results_request(self, worker_id: str, results: Sequence[RolloutResult | dict[str, Any]],
                          report_id: str | None = None) -> ResultsRequest:
@@ -347,7 +357,7 @@ class BaseSaraClient:
     def _report_call(self, request: ResultsRequest,
                      dropped: Sequence[str] = ()) -> Call[ReportResponse]:
         return Call("POST", "/results", partial(parse_report, dropped=list(dropped)),
-                    json=_body(request))
+                    content=encoded(request))
 
     def _report_follow_up(self, request: ResultsRequest,
                           error: NotFoundError) -> Call[ReportResponse] | ReportResponse | None:
@@ -375,7 +385,7 @@ class BaseSaraClient:
     def _next_batch_call(self, size: int | None, wait_s: float) -> Call[Batch | None]:
         request = NextBatchRequest(size=size, wait_s=wait_s)
         return Call("POST", "/batches/next", partial(parse_optional, model=Batch),
-                    json=_body(request), timeout=self._long_poll_timeout(request.wait_s))
+                    content=encoded(request), timeout=self._long_poll_timeout(request.wait_s))
 
     def _ack_call(self, batch_id: str) -> Call[AckResponse]:
         return Call("POST", f"/batches/{segment(batch_id)}/ack",

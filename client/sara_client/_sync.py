@@ -92,7 +92,7 @@ class SaraClient(SyncRunControl, BaseSaraClient):
     def _send_once(self, call: Call[T]) -> T:
         try:
             response = self._http.request(
-                call.method, call.path, json=call.json,
+                call.method, call.path, **call.body(),
                 timeout=call.timeout if call.timeout is not None else httpx.USE_CLIENT_DEFAULT)
         except httpx.TransportError as exc:
             raise error_from_transport(exc) from exc

@@ -472,3 +472,50 @@ async def test_a_report_whose_answer_was_lost_is_resent_as_it_was(make_app):
     assert counters.duplicates == 0
     assert counters.reported == counters.accepted + counters.late
     assert (await server_counters(admin)).rollouts_completed == counters.accepted
+
+
+class HeldBackend(SimBackend):
+    """Each generation waits until the test releases it (by rollout id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def generate(self, rollout, policy_version):
+        gate = self.release.setdefault(rollout.rollout_id, asyncio.Event())
+        await gate.wait()
+        return await super().generate(rollout, policy_version)
+
+
+async def test_worker_leases_again_only_once_a_lease_worth_of_slots_is_free(make_app):
+    """While rollouts are held, a lease waits for lease_min_size free slots: a lease is a
+    round trip to the scheduler whatever its size."""
+    app = make_app(policy="uniform", group_size=4, batch_size=8)
+    client = sdk(app)
+    await client.add_prompts(sim_prompts(40))
+    backend = HeldBackend()
+    loop = WorkerLoop(client, backend, config("w-min", capacity=8, lease_min_size=4))
+    runner = asyncio.ensure_future(loop.run())
+    try:
+        assert await loop.wait_for(lambda: len(loop.held_ids()) == 8, 10)
+        assert loop.counters.leases == 1
+        first = sorted(loop.held_ids())
+        for rid in first[:3]:
+            backend.release[rid].set()
+        assert await loop.wait_for(lambda: loop.counters.accepted == 3, 10)
+        assert loop.counters.leases == 1 and len(loop.held_ids()) == 5   # 3 free < 4: wait
+        backend.release[first[3]].set()
+        assert await loop.wait_for(lambda: loop.counters.leases == 2, 10)
+        assert await loop.wait_for(lambda: len(loop.held_ids()) == 8, 10)
+    finally:
+        loop.stop(abort=True)
+        for gate in backend.release.values():
+            gate.set()
+        await asyncio.wait_for(runner, 30)
+
+
+def test_lease_min_size_defaults_to_a_quarter_of_capacity():
+    assert WorkerConfig(capacity=64).lease_min_size == 16
+    assert WorkerConfig(capacity=3).lease_min_size == 1
+    with pytest.raises(ValueError, match="lease_min_size"):
+        WorkerConfig(lease_min_size=0)

@@ -80,3 +80,13 @@ def test_cpu_run_trains_through_the_whole_stack(tmp_path):
     assert "nvidia-smi" in log and "torch.cuda" in log and "vLLM worker: not run" in log
     # a device run returns at most 8 files from $OUT: the script writes 7 there at most
     assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
+
+
+def test_bench_command_runs_a_bench_script_with_the_repo_packages():
+    """`gpu_smoke.py bench NAME ARGS` is how the GPU run reaches bench/engine_time.py."""
+    proc = subprocess.run([sys.executable, str(HELPER), "bench", "engine_time", "--policies",
+                           "nope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown nope" in proc.stderr, proc.stderr[-2000:]
+    missing = subprocess.run([sys.executable, str(HELPER), "bench", "no_such_bench"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no bench script" in missing.stdout

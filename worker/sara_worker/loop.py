@@ -1,6 +1,7 @@
 """The worker loop, one for every backend: lease, generate, verify, report.
 
-- **lease** up to ``capacity`` rollouts (long-polling ``lease_wait_s``), again whenever slots free;
+- **lease** up to ``capacity`` rollouts (long-polling ``lease_wait_s``), again whenever a lease's
+  worth of slots (``lease_min_size``) is free, or at once when nothing is held;
 - **generate** each rollout in its own task (``backend.generate``), concurrently;
 - **verify** next to generation with the verifier named by ``rollout.task`` (slow ones in a
   thread), and **report** in small batches (:class:`~sara_worker.reporter.Reporter`);
@@ -17,7 +18,9 @@
 - **stop** (SIGTERM): stop leasing, finish (or abort) what is held, report, return. Rollouts we
   abort ourselves are not reported (a partial completion is no result): their leases expire.
 
-Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_until` and ``max_rollouts`` bound a
+Past 400 lines because one state (the held rollouts) ties leasing, generation, cancels and
+policy loads together; the lease bookkeeping and the reporter live apart (leases.py,
+reporter.py). Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_until` and ``max_rollouts`` bound a
 run, and :meth:`WorkerLoop.wait_for` lets a test wait on the loop's state without sleeping.
 """
 
@@ -199,8 +202,13 @@ class WorkerLoop:
         if len(self._outbox) >= 2 * max(cfg.capacity, cfg.report_batch):
             return 0  # results are not getting through: do not take more work
         free = min(cfg.capacity - len(self._held), MAX_ROLLOUTS_PER_LEASE)
-        if cfg.max_rollouts is not None:
-            free = min(free, cfg.max_rollouts - self._leased_total)
+        left = None if cfg.max_rollouts is None else cfg.max_rollouts - self._leased_total
+        if left is not None:
+            free = min(free, left)
+        # Each lease costs both processes a round trip whatever its size: while work is still
+        # queued, wait until a lease's worth of slots is free (unless that is all that is left).
+        if self._held and free < min(cfg.lease_min_size, cfg.capacity) and free != left:
+            return 0
         return free
 
     async def _lease_loop(self) -> None:

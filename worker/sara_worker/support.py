@@ -33,6 +33,9 @@ class WorkerConfig:
     """How one worker behaves. Times are seconds.
 
     - ``capacity``: most rollouts held at once (queued or generating); leases ask for the rest.
+    - ``lease_min_size``: while rollouts are still held, lease again only once this many slots
+      are free (default a quarter of ``capacity``): a lease costs a round trip to the scheduler
+      whatever its size, and the rollouts still held keep the engine busy meanwhile.
     - ``lease_wait_s``: how long a lease long-polls on the scheduler when nothing is ready;
       ``idle_poll_s``: pause after an empty answer before asking again.
     - ``report_batch`` / ``flush_interval_s``: results are sent when this many are waiting, when
@@ -50,6 +53,7 @@ class WorkerConfig:
     worker_id: str = field(default_factory=default_worker_id)
     backend_name: str | None = None
     capacity: int = 64
+    lease_min_size: int | None = None  # None: capacity // 4
     lease_wait_s: float = 5.0
     idle_poll_s: float = 0.05
     report_batch: int = 16
@@ -68,6 +72,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.report_batch < 1:
             raise ValueError("capacity and report_batch must be at least 1")
+        if self.lease_min_size is None:
+            self.lease_min_size = max(1, self.capacity // 4)
+        elif self.lease_min_size < 1:
+            raise ValueError("lease_min_size must be at least 1")
         if self.on_stop not in ("finish", "abort"):
             raise ValueError("on_stop is 'finish' or 'abort'")
         if self.max_rollouts is not None and self.max_rollouts < 0:
