@@ -142,7 +142,8 @@ def setup(args, model: str | None) -> dict[str, Any]:
     return {"k": args.k, "rounds": args.rounds, "effective_groups_per_round":
             args.effective_groups, "max_num_seqs": args.concurrency,
             "worker_capacity": args.capacity, "max_tokens": args.max_tokens,
-            "batch_size": args.batch_size, "pool": str(args.prompts or
+            "batch_size": args.batch_size, "prefetch_batches": args.prefetch_batches,
+            "pool": str(args.prompts or
                                                       f"standard, {args.pool_size} prompts"),
             "model": model or "tiny GPT-2 (sara_trainer.tiny)", "dtype": args.dtype,
             "max_model_len": args.max_model_len, "raw_rollouts_per_round": args.raw_rollouts}

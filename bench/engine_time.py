@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "back while the engine is full)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8, help="groups per trainer batch")
+    p.add_argument("--prefetch-batches", type=int, default=None,
+                   help="the scheduler's SARA_PREFETCH_BATCHES (default: the service's)")
     p.add_argument("--model", help="model directory (default: build the tiny test policy)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=256)
@@ -319,6 +321,8 @@ async def consume(trainer, state: dict, target: int, t0: float) -> None:
 def start_schedulers(args, work: Path) -> dict[str, ServeProcess]:
     env = {"SARA_MAX_TOKENS": str(args.max_tokens), "SARA_SEED": str(args.seed),
            "SARA_MAX_STALENESS": "100"}
+    if args.prefetch_batches is not None:
+        env["SARA_PREFETCH_BATCHES"] = str(args.prefetch_batches)
     out = {}
     try:
         for policy in args.policies:
