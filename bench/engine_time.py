@@ -26,7 +26,7 @@ are measured in their steady state. Per policy, over rounds:
   minus this process's CPU per rollout when it drives the engine itself.
 
 Usage: python bench/engine_time.py [--prompts FILE.jsonl] [--k 8]
-           [--policies uniform,ds,sara,sara_auto,sara_dps] [--rounds 3]
+           [--policies uniform,ds,sara,sara_auto,sara_dps(,sara_auto_tokens)] [--rounds 3]
            [--effective-groups 96] [--json OUT] [--out TEXT | --no-write] [--quick]
 """
 
@@ -55,14 +55,18 @@ from _engine_time_report import write_outputs  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
-# policy key -> (`sara serve` flags, the allocation bench's exact rule or None)
-POLICIES: dict[str, tuple[list[str], tuple[str, float] | None]] = {
-    "uniform": (["--policy", "uniform"], ("uniform", 0.5)),
-    "ds": (["--policy", "dynamic_sampling"], ("dynamic_sampling", 0.5)),
-    "sara": (["--policy", "sara", "--tau-low", "0.5"], ("sara", 0.5)),
-    "sara_auto": (["--policy", "sara", "--tau-low", "auto"], None),
-    "sara_dps": (["--policy", "sara", "--tau-low", "0.5", "--selection", "dps"], None),
+# policy key -> (`sara serve` flags, the allocation bench's exact rule or None, extra SARA_* env)
+POLICIES: dict[str, tuple[list[str], tuple[str, float] | None, dict[str, str]]] = {
+    "uniform": (["--policy", "uniform"], ("uniform", 0.5), {}),
+    "ds": (["--policy", "dynamic_sampling"], ("dynamic_sampling", 0.5), {}),
+    "sara": (["--policy", "sara", "--tau-low", "0.5"], ("sara", 0.5), {}),
+    "sara_auto": (["--policy", "sara", "--tau-low", "auto"], None, {}),
+    "sara_dps": (["--policy", "sara", "--tau-low", "0.5", "--selection", "dps"], None, {}),
+    # opt-in: auto thresholds priced in tokens instead of rollouts
+    "sara_auto_tokens": (["--policy", "sara", "--tau-low", "auto"], None,
+                         {"SARA_AUTO_PRICE": "tokens"}),
 }
+DEFAULT_POLICIES = ("uniform", "ds", "sara", "sara_auto", "sara_dps")
 FILLER = " Think it through step by step and give the final answer at the end."
 
 
@@ -73,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the standard pool, --pool-size prompts)")
     p.add_argument("--pool-size", type=int, default=512)
     p.add_argument("--k", type=int, default=8, help="rollouts per group")
-    p.add_argument("--policies", default=",".join(POLICIES),
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help=f"comma list of {', '.join(POLICIES)}")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--effective-groups", type=int, default=96,
@@ -326,8 +330,9 @@ def start_schedulers(args, work: Path) -> dict[str, ServeProcess]:
     out = {}
     try:
         for policy in args.policies:
-            out[policy] = ServeProcess(work / policy, group_size=args.k, flags=POLICIES[policy][0],
-                                       env=env, batch_size=args.batch_size).start()
+            flags, _, extra = POLICIES[policy]
+            out[policy] = ServeProcess(work / policy, group_size=args.k, flags=flags,
+                                       env={**env, **extra}, batch_size=args.batch_size).start()
     except BaseException:
         for s in out.values():
             s.stop()
