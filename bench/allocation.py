@@ -18,7 +18,8 @@ the two other roles:
 Methods (all through the one engine, set by scheduler settings): uniform, Dynamic Sampling (DS),
 SARA at τ_low 0.3 / 0.45 / 0.5 with the paper's uniform prior, SARA with history priors, DPS and
 MoPPS (selection over DS), SARA + DPS, and SARA auto (tau_low=auto: cost-aware thresholds
-priced by the pool's yield, `sara_service.autotau`). Pools: `standard` and `drifting` (see
+priced by the pool's yield, `sara_service.autotau`; `sara-auto-tokens`, opt-in, prices it in
+tokens, SARA_AUTO_PRICE=tokens). Pools: `standard` and `drifting` (see
 `bench/_pools.py`), each at k = 8 and 16. Opt-in rows show the rules before issue 13 item 4
 beside the new ones: `sara-history-v0.5` and `mopps-v0.5` (posterior decay 0.5 per policy
 version, no half-life in epochs) and `sara-dps-hard` (DPS learns an abandoned group as a full
@@ -127,6 +128,7 @@ class Method:
     posterior_decay: float | None = None
     half_life: float | None = None
     dps_censored: bool = True      # False: an abandoned group teaches DPS a full pure label
+    auto_price: str = "rollouts"   # under tau "auto": "tokens" prices rollouts by their length
 
     @property
     def exact(self) -> bool:
@@ -160,6 +162,8 @@ METHODS = {m.key: m for m in (
     Method("sara-dps-hard", "SARA+DPS old", "sara", selection="dps", tau=0.5,
            dps_censored=False),
     Method("sara-auto", "SARA auto", "sara", tau="auto"),
+    # issue 25 item 4: the same rule priced in tokens (the sim's failures run longer)
+    Method("sara-auto-tokens", "SARA auto tok", "sara", tau="auto", auto_price="tokens"),
 )}
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
@@ -219,7 +223,8 @@ class Config:
         """Scheduler settings (`sara_service.settings.Settings` fields) for `method`."""
         decay, half_life = self.memory(method)
         return dict(policy=method.policy, selection=method.selection, prior=method.prior,
-                    tau_low=method.tau, tau_skip=self.tau_skip, group_size=self.k,
+                    tau_low=method.tau, auto_price=method.auto_price, tau_skip=self.tau_skip,
+                    group_size=self.k,
                     batch_size=self.batch_size, prefetch_batches=self.prefetch_batches,
                     max_staleness=self.max_staleness, posterior_decay=decay,
                     posterior_half_life=half_life, dps_censored=method.dps_censored,
@@ -972,7 +977,8 @@ def _jobs(cfgs: list[Config], methods: list[str]) -> list[Job]:
     # longest first (service runs of the costliest methods), so the pool's tail is short
     cost = {"uniform": 37, "ds": 37, "sara-0.3": 31, "sara-0.45": 29, "sara-0.5": 28,
             "sara-history": 24, "dps": 20, "mopps": 24, "sara-dps": 20,
-            "sara-history-v0.5": 28, "mopps-v0.5": 33, "sara-dps-hard": 20, "sara-auto": 28}
+            "sara-history-v0.5": 28, "mopps-v0.5": 33, "sara-dps-hard": 20, "sara-auto": 28,
+            "sara-auto-tokens": 28}
     return sorted(jobs, key=lambda j: -(cost.get(j.method, 30) * j.cfg.k * j.cfg.groups
                                         * (1 if j.engine == "service" else 0.1)))
 

@@ -237,7 +237,8 @@ class GroupPlan:
 
 def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float | str,
                rho: float | None = None, tau_floor: float | None = None,
-               pool: object = None, fill: bool = True, allow_skip: bool = False) -> GroupPlan:
+               pool: object = None, fill: bool = True, allow_skip: bool = False,
+               lengths: object = None) -> GroupPlan:
     """The plan for a new group under "uniform", "dynamic_sampling" or "sara".
 
     Baselines never abandon (thresholds k + 1) and issue k at once; only uniform delivers
@@ -247,6 +248,8 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float 
     this prompt's success rate (default: Beta(alpha0, beta0) discretised; rho default: that
     model's fixed point); tau_floor bounds p_eff at abandonment; allow_skip lets the plan skip
     (off for a plan shared by every fresh prompt: skipping all of them would stall the run).
+    `lengths` (an autotau.TokenLengths) prices the "auto" plan in tokens: rho is then tokens
+    per effective group (SARA_AUTO_PRICE=tokens).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
@@ -254,7 +257,7 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float 
     a, b = _positive("alpha0", alpha0), _positive("beta0", beta0)
     if tau_low == "auto":
         if policy == "sara":
-            return _auto_plan(k, a, b, rho, tau_floor, pool, fill, allow_skip)
+            return _auto_plan(k, a, b, rho, tau_floor, pool, fill, allow_skip, lengths)
         tau_low = 0.0  # the baselines never abandon: any τ gives the same plan
     fail, success = _p_eff_tables(k, a, b)
     return plan_from_tables(policy, k, fail, success, tau_low)
@@ -288,18 +291,20 @@ def _plan(policy: str, k: int, limits: Thresholds, fail: list[float] | tuple[flo
 
 
 def _auto_plan(k: int, a: float, b: float, rho: float | None, floor: float | None,
-               pool: object, fill: bool, allow_skip: bool) -> GroupPlan:
+               pool: object, fill: bool, allow_skip: bool, lengths: object) -> GroupPlan:
     # imported here: autotau is the heavier module and only "auto" runs need it
-    from .autotau import PoolModel, auto_thresholds, fixed_point_rho
+    from .autotau import PoolModel, TokenLengths, auto_thresholds, fixed_point_rho
 
     if floor is not None:
         floor = _unit("tau_floor", floor)
     model = PoolModel.beta(a, b) if pool is None else pool
     if not isinstance(model, PoolModel):
         raise ValueError(f"pool must be an autotau.PoolModel, got {type(pool).__name__}")
+    if lengths is not None and not isinstance(lengths, TokenLengths):
+        raise ValueError(f"lengths must be an autotau.TokenLengths, got {type(lengths).__name__}")
     if rho is None:
-        rho = fixed_point_rho(model, k, fill, floor)
-    auto = auto_thresholds(model, k, _positive("rho", rho), fill, floor, allow_skip)
+        rho = fixed_point_rho(model, k, fill, floor, lengths=lengths)
+    auto = auto_thresholds(model, k, _positive("rho", rho), fill, floor, allow_skip, lengths)
     limits = Thresholds(auto.after_failures, auto.after_successes)
     return _plan("sara", k, limits, auto.p_eff_fail, auto.p_eff_success)
 

@@ -17,9 +17,17 @@ store already holds:
   groups, two seeds: weights from 64 to model-only differ by less than the seed-to-seed
   spread, about 1%.)
 
+Under ``auto_price = "tokens"`` the same is done in tokens: a rollout costs the mean completion
+tokens of a success or of a failure (`autotau.TokenLengths`), from the learned_* counters the
+results script keeps once per slot (`apply_results.lua`), over the same window of refits (the
+whole run until the window holds `MIN_LENGTH_SAMPLES` of each; `settings.max_tokens` for both
+before any, which prices every rollout alike: the rollout plan). ρ is then tokens generated per
+committed group, shrunk toward the model's fixed point in tokens.
+
 Each replica keeps its own copy; replicas of one namespace read the same counters and
 posteriors, so they agree up to when each last refitted. Plans are cached per ρ rounded to 0.1
-rollouts: the plan is a step function of ρ, and finer changes rarely move a threshold.
+rollouts (in tokens: to a tenth of a mean rollout): the plan is a step function of ρ, and finer
+changes rarely move a threshold.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from collections import deque
 from typing import Any
 
 from .allocation import GroupPlan, decay_posterior, plan_group
-from .autotau import PoolModel, fit_pool, fixed_point_rho
+from .autotau import PoolModel, TokenLengths, fit_pool, fixed_point_rho
 from .redis_format import PosteriorField
 from .settings import Settings
 from .store import Store
@@ -37,6 +45,11 @@ from .store import Store
 SHRINK = 256.0         # effective groups' worth of weight on the model's price
 WINDOW = 3             # refits the live price looks back over
 EVIDENCE_LIMIT = 4096  # prompts read per refit (all of them in a smaller pool)
+MIN_LENGTH_SAMPLES = 32  # rollouts of each outcome a window needs to give the mean lengths
+ROLLOUT_COUNTERS = ("rollouts_completed", "groups_committed", "groups_abandoned",
+                    "groups_dropped_saturated")
+TOKEN_COUNTERS = ("tokens_generated", "learned_success_rollouts", "learned_success_tokens",
+                  "learned_failure_rollouts", "learned_failure_tokens")
 
 
 class AutoPricer:
@@ -46,14 +59,18 @@ class AutoPricer:
         s = settings
         self.settings = s
         self.fill = s.commit == "complete"
+        self.tokens = s.auto_price == "tokens"
+        # before any rollout is seen, every rollout is priced alike: the rollout plan, in tokens
+        self.lengths = TokenLengths(s.max_tokens, s.max_tokens) if self.tokens else None
         self.prior = PoolModel.beta(s.prior_alpha, s.prior_beta)
         self.model = self.prior
-        self.prior_rho = fixed_point_rho(self.prior, s.group_size, self.fill, s.tau_floor)
+        self.prior_rho = fixed_point_rho(self.prior, s.group_size, self.fill, s.tau_floor,
+                                         lengths=self.lengths)
         self.model_rho = self.rho = self.prior_rho
         self.live_rho: float | None = None
         self.refits = 0
         self._fitted_at: int | None = None
-        self._window: deque[tuple[int, int]] = deque(maxlen=WINDOW + 1)
+        self._window: deque[dict[str, int]] = deque(maxlen=WINDOW + 1)
         self._plans: dict[float, GroupPlan] = {}
 
     def set_price(self, rho: float) -> None:
@@ -61,14 +78,23 @@ class AutoPricer:
         self.rho = rho
         self._plans.clear()
 
+    def price_key(self) -> float:
+        """The price plans are derived at: ρ rounded to 0.1 rollouts (under tokens, to a tenth
+        of a mean rollout), so a plan is cached per step rather than per tiny change."""
+        if self.lengths is None:
+            return round(self.rho, 1)
+        quantum = (self.lengths.success + self.lengths.failure) / 20
+        return round(self.rho / quantum) * quantum
+
     def fresh_plan(self) -> GroupPlan:
         """The plan of a prompt with no evidence of its own: one per rounded ρ."""
-        key = round(self.rho, 1)
+        key = self.price_key()
         plan = self._plans.get(key)
         if plan is None:
             s = self.settings
             plan = plan_group("sara", s.group_size, s.prior_alpha, s.prior_beta, "auto",
-                              rho=key, tau_floor=s.tau_floor, pool=self.model, fill=self.fill)
+                              rho=key, tau_floor=s.tau_floor, pool=self.model, fill=self.fill,
+                              lengths=self.lengths)
             self._plans[key] = plan
         return plan
 
@@ -77,14 +103,14 @@ class AutoPricer:
         reweighted by its evidence; such a plan may skip the prompt."""
         s = self.settings
         model = self.model.given(alpha - s.prior_alpha, beta - s.prior_beta)
-        return plan_group("sara", s.group_size, alpha, beta, "auto", rho=round(self.rho, 1),
-                          tau_floor=s.tau_floor, pool=model, fill=self.fill, allow_skip=True)
+        return plan_group("sara", s.group_size, alpha, beta, "auto", rho=self.price_key(),
+                          tau_floor=s.tau_floor, pool=model, fill=self.fill, allow_skip=True,
+                          lengths=self.lengths)
 
     async def refresh(self, store: Store, version: int) -> bool:
         """Refit the pool model and the price if enough groups were decided since the last
         refit; True when it refitted."""
-        c = await store.counter_values(("rollouts_completed", "groups_committed",
-                                        "groups_abandoned", "groups_dropped_saturated"))
+        c = await store.counter_values(ROLLOUT_COUNTERS + (TOKEN_COUNTERS if self.tokens else ()))
         decided = c["groups_committed"] + c["groups_abandoned"] + c["groups_dropped_saturated"]
         if self._fitted_at is not None and decided - self._fitted_at < self._interval():
             return False
@@ -93,15 +119,34 @@ class AutoPricer:
         # EM over a few thousand prompts takes up to ~1 s of pure Python: off the event loop,
         # so leases and results keep being served meanwhile (the GIL still shares the CPU)
         self.model = await asyncio.to_thread(fit_pool, evidence, self.prior)
+        self._window.append(c)
+        if self.tokens:
+            self.lengths = self._window_lengths()
         s = self.settings
-        self.model_rho = fixed_point_rho(self.model, s.group_size, self.fill, s.tau_floor)
-        self._window.append((c["rollouts_completed"], c["groups_committed"]))
-        spent = self._window[-1][0] - self._window[0][0]
-        effective = self._window[-1][1] - self._window[0][1]
+        self.model_rho = fixed_point_rho(self.model, s.group_size, self.fill, s.tau_floor,
+                                         lengths=self.lengths)
+        spent_field = "tokens_generated" if self.tokens else "rollouts_completed"
+        spent = self._window[-1][spent_field] - self._window[0][spent_field]
+        effective = self._window[-1]["groups_committed"] - self._window[0]["groups_committed"]
         self.live_rho = spent / effective if effective else None
         self.refits += 1
         self.set_price((spent + SHRINK * self.model_rho) / (effective + SHRINK))
         return True
+
+    def _window_lengths(self) -> TokenLengths:
+        # the window's means follow lengths that drift as the policy trains; until it holds
+        # enough of each outcome, the whole run's; with no outcome of a kind, the other's
+        first, last = self._window[0], self._window[-1]
+        means = {}
+        for side in ("success", "failure"):
+            n_field, t_field = f"learned_{side}_rollouts", f"learned_{side}_tokens"
+            n, tokens = last[n_field] - first[n_field], last[t_field] - first[t_field]
+            if n < MIN_LENGTH_SAMPLES:
+                n, tokens = last[n_field], last[t_field]
+            # at least one token: an empty completion still costs a rollout's overhead
+            means[side] = max(1.0, tokens / n) if n else None
+        fallback = means["success"] or means["failure"] or float(self.settings.max_tokens)
+        return TokenLengths(means["success"] or fallback, means["failure"] or fallback)
 
     def _interval(self) -> int:
         # early on, refit each time the decided count doubles (16, 32, 64, ...): the first
@@ -124,8 +169,12 @@ class AutoPricer:
     def snapshot(self) -> dict[str, Any]:
         """What /stats shows: the price in force, where it came from, and the fresh plan."""
         plan = self.fresh_plan()
+        lengths = self.lengths
         return {"rho": self.rho, "rho_live_window": self.live_rho, "rho_model": self.model_rho,
                 "rho_prior": self.prior_rho, "refits": self.refits,
+                "price": self.settings.auto_price,
+                "tokens_success": lengths.success if lengths else None,
+                "tokens_failure": lengths.failure if lengths else None,
                 "pool_mean_success": self.model.mean(),
                 "abandon_after_failures": plan.after_failures,
                 "abandon_after_successes": plan.after_successes,

@@ -30,6 +30,15 @@ The reliability floor: with ``floor`` set, stopping is allowed only where p_eff 
 chance that the full group would end mixed) is below the floor, so every abandoned group (and a
 skip, at n = 0) has false-abandon probability < floor under the model, the fixed-τ bound. The
 DP then optimises among the allowed stopping points.
+
+Priced in tokens (`TokenLengths`, ``SARA_AUTO_PRICE=tokens``): in real traces a failure runs
+longer than a success, so a rollout on a run of failures costs more than one on a run of
+successes, and the rollout price undercharges exactly the runs the rule should cut. With mean
+lengths L_s (a success) and L_f (a failure), the -1 above becomes the next rollout's expected
+tokens, c(n) = h(n)·L_other + (1 - h(n))·L_side, r(n) the expected tokens of the k - n - 1
+rollouts a group that turns mixed still costs (each a success with the pool model's posterior
+mean after the prefix), and ρ is tokens per effective group. With L_s = L_f = L every term is
+L times the rollout DP's at ρ / L, so the thresholds are the same.
 """
 
 from __future__ import annotations
@@ -76,6 +85,55 @@ class PoolModel:
         return sum(w * g for w, g in zip(self.weights, GRID))
 
 
+@dataclass(frozen=True)
+class TokenLengths:
+    """Mean completion tokens of a successful and of a failed rollout: the rollout prices of
+    the token-priced DP (both > 0)."""
+
+    success: float
+    failure: float
+
+    def __post_init__(self) -> None:
+        for name in ("success", "failure"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"token length {name} must be finite and > 0, got {value!r}")
+
+    def expected(self, p_success: float) -> float:
+        """Expected tokens of a rollout that succeeds with probability `p_success`."""
+        return p_success * self.success + (1.0 - p_success) * self.failure
+
+
+@dataclass(frozen=True)
+class SidePrices:
+    """One side's prices for `side_values`: step[n], the next rollout's cost after a run of n,
+    and rest[n], what a group that turns mixed at rollout n + 1 still costs."""
+
+    step: tuple[float, ...]
+    rest: tuple[float, ...]
+
+
+def rollout_prices(k: int, fill: bool) -> SidePrices:
+    """The rollout-priced rule: every rollout costs 1, a mixed group the k - n - 1 to fill."""
+    return SidePrices((1.0,) * k, tuple((k - n - 1) if fill else 0 for n in range(k)))
+
+
+def token_prices(model: PoolModel, logs: list[float], k: int, fill: bool, failing: bool,
+                 lengths: TokenLengths) -> SidePrices:
+    """The token-priced rule on one side (see the module docstring): the next rollout's
+    expected tokens after a run of n, and the rest of a group that turns mixed there."""
+    side, other = ((lengths.failure, lengths.success) if failing
+                   else (lengths.success, lengths.failure))
+    step, rest = [0.0] * k, [0.0] * k
+    for n in range(1, k):
+        breaks = -math.expm1(logs[n + 1] - logs[n])
+        step[n] = breaks * other + (1.0 - breaks) * side
+        if fill and k - n - 1 > 0:
+            wins, losses = (1.0, float(n)) if failing else (float(n), 1.0)
+            rest[n] = (k - n - 1) * lengths.expected(model.given(wins, losses).mean())
+    return SidePrices(tuple(step), tuple(rest))
+
+
 def _loglik(g: float, s: float, f: float) -> float:
     if (g == 0.0 and s > 0) or (g == 1.0 and f > 0):
         return -math.inf
@@ -106,14 +164,17 @@ class SideDecision:
 
 
 def side_values(logs: list[float], k: int, rho: float, fill: bool,
-                allowed: list[bool]) -> SideDecision:
-    """Backward induction on one side (see the module docstring); allowed[n]: may stop at n."""
+                allowed: list[bool], prices: SidePrices | None = None) -> SideDecision:
+    """Backward induction on one side (see the module docstring); allowed[n]: may stop at n.
+    `prices` None: the rollout price (each rollout 1, ρ in rollouts)."""
+    if prices is None:
+        prices = rollout_prices(k, fill)
     value = 0.0                       # V(n + 1), starting from V(k) = 0
     stop_at = [False] * (k + 1)
     for n in range(k - 1, 0, -1):
         breaks = -math.expm1(logs[n + 1] - logs[n])   # h(n), accurate when tiny
-        rest = (k - n - 1) if fill else 0
-        cont = -1.0 + breaks * (rho - rest) + (1.0 - breaks) * value
+        # the rollout price gives -1.0 + h·(ρ - (k - n - 1)) + ..., the same floats as before
+        cont = -prices.step[n] + breaks * (rho - prices.rest[n]) + (1.0 - breaks) * value
         # ties go to stopping: an indifferent rollout is not worth its latency
         if allowed[n] and cont <= 0.0:
             stop_at[n], value = True, 0.0
@@ -140,11 +201,13 @@ class AutoThresholds:
 
 
 def auto_thresholds(model: PoolModel, k: int, rho: float, fill: bool = True,
-                    floor: float | None = None, allow_skip: bool = True) -> AutoThresholds:
+                    floor: float | None = None, allow_skip: bool = True,
+                    lengths: TokenLengths | None = None) -> AutoThresholds:
     """Thresholds minimising expected rollouts per effective group at opportunity cost `rho`.
 
     `allow_skip` False starts the group even when its value is negative (a fresh prompt under a
-    shared plan: skipping every prompt would stall the run, and ρ is noisy).
+    shared plan: skipping every prompt would stall the run, and ρ is noisy). `lengths` given:
+    priced in tokens (ρ in tokens per effective group; see the module docstring).
     """
     if not (rho > 0 and math.isfinite(rho)):
         raise ValueError(f"rho must be finite and > 0, got {rho!r}")
@@ -152,11 +215,18 @@ def auto_thresholds(model: PoolModel, k: int, rho: float, fill: bool = True,
     fail_tab, succ_tab = p_eff_table(fail_logs, k), p_eff_table(succ_logs, k)
     start = min(1.0, max(0.0, 1.0 - math.exp(fail_logs[k]) - math.exp(succ_logs[k])))
     fail_tab[0] = succ_tab[0] = start
-    fail = side_values(fail_logs, k, rho, fill, _allowed(fail_tab, floor))
-    succ = side_values(succ_logs, k, rho, fill, _allowed(succ_tab, floor))
+    fail_prices = succ_prices = None
+    if lengths is not None:
+        fail_prices = token_prices(model, fail_logs, k, fill, True, lengths)
+        succ_prices = token_prices(model, succ_logs, k, fill, False, lengths)
+    fail = side_values(fail_logs, k, rho, fill, _allowed(fail_tab, floor), fail_prices)
+    succ = side_values(succ_logs, k, rho, fill, _allowed(succ_tab, floor), succ_prices)
     p_first_success = math.exp(succ_logs[1])
-    # V(0): the first rollout costs 1 and lands on one side or the other; k = 1 has no sides
-    value = -1.0 + p_first_success * succ.value_at_one + (1.0 - p_first_success) * fail.value_at_one
+    # V(0): the first rollout costs 1 (its expected tokens) and lands on one side or the
+    # other; k = 1 has no sides
+    first = 1.0 if lengths is None else lengths.expected(p_first_success)
+    value = (-first + p_first_success * succ.value_at_one
+             + (1.0 - p_first_success) * fail.value_at_one)
     # strictly negative: at the price a pool achieves, its average prompt is worth exactly 0
     skip = allow_skip and value < -1e-9 and (floor is None or start < floor)
     t_f, t_s = (0, 0) if skip else (fail.threshold, succ.threshold)
@@ -164,21 +234,24 @@ def auto_thresholds(model: PoolModel, k: int, rho: float, fill: bool = True,
 
 
 def expected_cost_and_yield(model: PoolModel, k: int, t_f: int, t_s: int,
-                            fill: bool = True) -> tuple[float, float]:
+                            fill: bool = True, lengths: TokenLengths | None = None
+                            ) -> tuple[float, float]:
     """(E[rollouts], P(mixed)) of one group with thresholds (t_f, t_s) for a prompt drawn from
     `model`; (0, 0) for a skip. Under "partial" a mixed group costs its rollouts up to the
-    switch only (approximately: rollouts already issued beyond it are not counted)."""
+    switch only (approximately: rollouts already issued beyond it are not counted).
+    `lengths` given: E[tokens] instead of E[rollouts]."""
     if t_f == 0 and t_s == 0:
         return 0.0, 0.0
     cost = mixed = 0.0
     for w, g in zip(model.weights, GRID):
-        cost_g, mixed_g = _one_rate(g, k, t_f, t_s, fill)
+        cost_g, mixed_g = _one_rate(g, k, t_f, t_s, fill, lengths)
         cost += w * cost_g
         mixed += w * mixed_g
     return cost, mixed
 
 
-def _one_rate(g: float, k: int, t_f: int, t_s: int, fill: bool) -> tuple[float, float]:
+def _one_rate(g: float, k: int, t_f: int, t_s: int, fill: bool,
+              lengths: TokenLengths | None) -> tuple[float, float]:
     cost = mixed = 0.0
     for failing, limit in ((True, t_f), (False, t_s)):
         stay, other = (1.0 - g, g) if failing else (g, 1.0 - g)
@@ -186,23 +259,37 @@ def _one_rate(g: float, k: int, t_f: int, t_s: int, fill: bool) -> tuple[float, 
         for n in range(1, last):          # a run of n, then the switch at rollout n + 1
             p = stay ** n * other
             mixed += p
-            cost += p * (k if fill else n + 1)
-        cost += stay ** last * last       # abandoned at the threshold, or complete and pure
+            cost += p * _mixed_cost(g, k, n, fill, failing, lengths)
+        # abandoned at the threshold, or complete and pure
+        run = 1 if lengths is None else (lengths.failure if failing else lengths.success)
+        cost += stay ** last * last * run
     return cost, mixed
 
 
+def _mixed_cost(g: float, k: int, n: int, fill: bool, failing: bool,
+                lengths: TokenLengths | None) -> float:
+    # integers under the rollout price: the same floats the rule always gave
+    if lengths is None:
+        return k if fill else n + 1
+    side, other = ((lengths.failure, lengths.success) if failing
+                   else (lengths.success, lengths.failure))
+    tail = (k - n - 1) * lengths.expected(g) if fill else 0.0
+    return n * side + other + tail
+
+
 def fixed_point_rho(model: PoolModel, k: int, fill: bool = True, floor: float | None = None,
-                    iterations: int = 64) -> float:
+                    iterations: int = 64, lengths: TokenLengths | None = None) -> float:
     """The ρ the model's own thresholds achieve when derived at that ρ (Dinkelbach's iteration
-    from what Dynamic Sampling pays): the starting price before the pool has yielded anything."""
-    cost, mixed = expected_cost_and_yield(model, k, k + 1, k + 1, fill)
+    from what Dynamic Sampling pays): the starting price before the pool has yielded anything.
+    `lengths` given: in tokens per effective group, for the token-priced rule."""
+    cost, mixed = expected_cost_and_yield(model, k, k + 1, k + 1, fill, lengths)
     if mixed <= 0.0:
         raise ValueError("the model gives no chance of a mixed group: no price exists")
     rho = cost / mixed
     for _ in range(iterations):
-        plan = auto_thresholds(model, k, rho, fill, floor, allow_skip=False)
+        plan = auto_thresholds(model, k, rho, fill, floor, allow_skip=False, lengths=lengths)
         cost, mixed = expected_cost_and_yield(model, k, plan.after_failures,
-                                              plan.after_successes, fill)
+                                              plan.after_successes, fill, lengths)
         if mixed <= 0.0 or cost / mixed >= rho * (1.0 - 1e-12):
             break                          # no further improvement: this is the fixed point
         rho = cost / mixed

@@ -54,6 +54,10 @@ version); `cancels` maps a worker to space-separated rollout ids; `workers:info`
 `<worker>|<name>` (completed, tokens, policy_version, leases, first_seen, backend); a batch hash
 holds groups (comma-separated ids), policy_version, created_at, state, stats (JSON), rollouts,
 estimate (JSON), acked_at; a lease hash holds worker, expires_at, policy_version.
+The `stats` hash holds the counters (`models.Counters`) and, beside them, learned_success_rollouts,
+learned_success_tokens, learned_failure_rollouts, learned_failure_tokens: each slot's first
+outcome (the one its posterior learns) and its completion tokens, by outcome; tau_low=auto
+prices rollouts with their means under SARA_AUTO_PRICE=tokens (`autoprice`).
 `groups:open:yield` is the open_groups zset's scores summed, an integer in units of 1e-9 groups
 (flow control reads it instead of scanning the zset). The `wake` stream's entries carry
 w ('lease' or 'batch') and, for a batch, n (groups ready then; -1: any size may go).

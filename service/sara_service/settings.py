@@ -16,6 +16,7 @@ SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
 EffectiveView = Literal["outcome", "reward"]
+AutoPrice = Literal["rollouts", "tokens"]
 # what the reward view cannot run with yet, and why (refused at start: never silently wrong)
 REWARD_VIEW_REFUSES = {
     "tau_low=auto": "its price model (autotau) is a pool of success rates",
@@ -51,6 +52,11 @@ class Settings(BaseSettings):
     auto_refit_groups: int = Field(
         128, ge=1, description="Under tau_low=auto, re-derive the pool model and the price "
                                "after this many decided groups.")
+    auto_price: AutoPrice = Field(
+        "rollouts", description="Under tau_low=auto, what a rollout costs: rollouts (each 1) or "
+                                "tokens (the mean completion tokens of a success or a failure, "
+                                "as the run has seen them; the price is then tokens per "
+                                "effective group).")
     tau_skip: float = Field(0.1, ge=0.0, le=1.0)
     prior_alpha: float = Field(1.0, gt=0.0)
     prior_beta: float = Field(1.0, gt=0.0)
@@ -129,6 +135,11 @@ class Settings(BaseSettings):
         its first rollout: every new prompt would be skipped and no group would ever open."""
         from .allocation import p_eff, plan_group
 
+        if self.auto_price != "rollouts" and self.tau_low != "auto":
+            raise ValueError(
+                f"SARA_AUTO_PRICE={self.auto_price} prices the cost-aware thresholds, but "
+                f"SARA_TAU_LOW={self.tau_low} is fixed: set SARA_TAU_LOW=auto, or leave "
+                "SARA_AUTO_PRICE at rollouts")
         if self.effective == "reward":
             return self._reward_view_can_run()
         if self.tau_low == "auto":

@@ -459,3 +459,21 @@ async def test_workers_unseen_for_the_retention_time_are_forgotten(store):
     assert fields and all(f.startswith("new|") for f in fields)
     assert await store.redis.hkeys(store.keys.cancels) == [b"new"]
     assert await store.prune_workers(1000.0) == 1   # and "new" once it is old enough
+
+
+async def test_tokens_by_outcome_are_counted_once_per_slot_that_taught_the_posterior(store):
+    # what tau_low=auto reads under SARA_AUTO_PRICE=tokens: the mean length of a success and of
+    # a failure, from the same once-per-slot sample the posterior learns from
+    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    await lease(store, "w1", 4)
+    lengths = {"g:0": (1, 10), "g:1": (0, 30), "g:2": (1, 12), "g:3": (0, 34)}
+    results = [RolloutResult(rollout_id=rid, reward=float(ok), completion_tokens=n)
+               for rid, (ok, n) in lengths.items()]
+    outcomes = [ok for ok, _ in lengths.values()]
+    await store.apply_results(1.0, "w1", results, outcomes, 0.5, 1.0, 1.0, 100.0)
+    # a duplicate answer for a slot already learned from is not a second sample
+    await store.apply_results(2.0, "w1", results[:1], outcomes[:1], 0.5, 1.0, 1.0, 100.0)
+    c = await counters(store)
+    assert (c["learned_success_rollouts"], c["learned_success_tokens"]) == (2, 22)
+    assert (c["learned_failure_rollouts"], c["learned_failure_tokens"]) == (2, 64)
+    assert c["tokens_generated"] == 96

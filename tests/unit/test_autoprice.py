@@ -69,3 +69,40 @@ def test_a_pool_of_hopeless_prompts_makes_runs_of_failures_stop_early():
     # a prompt with its own run of failures is not worth starting at that price
     assert pricer.plan_for(1.0, 9.0).skip
     assert pricer.snapshot()["abandon_after_failures"] == plan.after_failures
+
+
+class TokenStore(FakeStore):
+    """FakeStore with the token counters a refit under auto_price=tokens also reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counters.update(tokens_generated=0, learned_success_rollouts=0,
+                             learned_success_tokens=0, learned_failure_rollouts=0,
+                             learned_failure_tokens=0)
+
+
+def test_the_token_price_learns_the_lengths_and_prices_groups_in_tokens(monkeypatch):
+    monkeypatch.setattr(autoprice, "SHRINK", 10.0)
+    settings = Settings(tau_low="auto", auto_price="tokens", auto_refit_groups=16)
+    pricer, store = AutoPricer(settings), TokenStore()
+    # before anything is seen every rollout costs max_tokens: the rollout plan, scaled
+    assert pricer.prior_rho == pytest.approx(settings.max_tokens * AutoPricer(
+        Settings(tau_low="auto")).prior_rho, rel=1e-9)
+    _refresh(pricer, store)
+    store.counters.update(groups_committed=1000, rollouts_completed=20_000,
+                          tokens_generated=1_600_000, learned_success_rollouts=8_000,
+                          learned_success_tokens=400_000, learned_failure_rollouts=12_000,
+                          learned_failure_tokens=1_200_000)
+    assert _refresh(pricer, store)
+    assert (pricer.lengths.success, pricer.lengths.failure) == (50.0, 100.0)
+    assert pricer.live_rho == 1600.0
+    assert pricer.rho == pytest.approx((1_600_000 + 10.0 * pricer.model_rho) / 1010.0)
+    shown = pricer.snapshot()
+    assert shown["price"] == "tokens" and shown["tokens_failure"] == 100.0
+
+
+def test_a_window_without_failures_prices_them_as_successes():
+    pricer, store = AutoPricer(Settings(tau_low="auto", auto_price="tokens")), TokenStore()
+    store.counters.update(learned_success_rollouts=40, learned_success_tokens=2_000)
+    _refresh(pricer, store)
+    assert (pricer.lengths.success, pricer.lengths.failure) == (50.0, 50.0)

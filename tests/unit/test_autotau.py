@@ -9,7 +9,8 @@ import math
 import pytest
 from sara_service.allocation import plan_group
 from sara_service.autotau import (
-    GRID, PoolModel, auto_thresholds, expected_cost_and_yield, fit_pool, fixed_point_rho,
+    GRID, PoolModel, TokenLengths, auto_thresholds, expected_cost_and_yield, fit_pool,
+    fixed_point_rho,
 )
 
 # 30% never solved, 25% always, the rest spread: the shape of the benchmark's standard pool
@@ -17,21 +18,30 @@ POINTS = PoolModel(tuple(0.30 if g == 0 else 0.25 if g == 1 else 0.45 / 31 for g
 MODELS = [PoolModel.beta(1, 1), PoolModel.beta(0.3, 0.6), POINTS]
 
 
-def _enumerate(model: PoolModel, k: int, t_f: int, t_s: int) -> tuple[float, float]:
-    """(E[cost], P(mixed)) by playing every outcome sequence through the threshold rule."""
+def _play(seq: tuple[int, ...], k: int, t_f: int, t_s: int) -> tuple[int, bool]:
+    """(rollouts spent, ended mixed) of one outcome sequence under the threshold rule
+    ("complete": a mixed group is filled to k)."""
+    for n in range(1, k + 1):
+        s = sum(seq[:n])
+        if 0 < s < n:
+            return k, True
+        if (s == 0 and n >= t_f) or (s == n and n >= t_s):
+            return n, False
+    return k, False
+
+
+def _enumerate(model: PoolModel, k: int, t_f: int, t_s: int,
+               lengths: TokenLengths | None = None) -> tuple[float, float]:
+    """(E[cost], P(mixed)) by playing every outcome sequence through the threshold rule; with
+    `lengths`, the cost in tokens (each rollout its outcome's length)."""
     cost = mixed = 0.0
     for seq in itertools.product((0, 1), repeat=k):
         p = sum(w * math.prod(g if x else 1 - g for x in seq) for w, g in zip(model.weights, GRID))
-        spent, ended_mixed = k, False
-        for n in range(1, k + 1):
-            s = sum(seq[:n])
-            if 0 < s < n:
-                ended_mixed = True
-                break
-            if (s == 0 and n >= t_f) or (s == n and n >= t_s):
-                spent = n
-                break
-        cost += p * spent
+        spent, ended_mixed = _play(seq, k, t_f, t_s)
+        if lengths is None:
+            cost += p * spent
+        else:
+            cost += p * sum(lengths.success if x else lengths.failure for x in seq[:spent])
         mixed += p * ended_mixed
     return cost, mixed
 
@@ -131,3 +141,64 @@ def test_bad_prices_are_refused():
         auto_thresholds(POINTS, 8, 0.0)
     with pytest.raises(ValueError):
         plan_group("sara", 8, 1.0, 1.0, "auto", rho=-1.0)
+
+
+# --- priced in tokens (SARA_AUTO_PRICE=tokens)
+
+# the sim backend's mean lengths at max_tokens 256 (bench/_pools.Lengths.of_sim), rounded
+SIM_LENGTHS = TokenLengths(success=58.0, failure=127.0)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("length", [128.0, 100.0])
+@pytest.mark.parametrize("k", [5, 8, 16])
+def test_equal_lengths_give_the_rollout_plan_at_the_scaled_price(model, length, k):
+    same = TokenLengths(length, length)
+    for rho in (3.0, 9.0, 20.0):
+        rollouts = auto_thresholds(model, k, rho, allow_skip=False)
+        tokens = auto_thresholds(model, k, rho * length, allow_skip=False, lengths=same)
+        assert (tokens.after_failures, tokens.after_successes) == (
+            rollouts.after_failures, rollouts.after_successes)
+        assert tokens.start_value == pytest.approx(length * rollouts.start_value, abs=1e-6)
+    assert fixed_point_rho(model, k, lengths=same) == pytest.approx(
+        length * fixed_point_rho(model, k), rel=1e-9)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("rho", [300.0, 900.0, 2500.0])
+def test_the_token_dp_is_the_best_of_all_threshold_pairs_in_tokens(model, rho):
+    k = 5
+    plan = auto_thresholds(model, k, rho, allow_skip=False, lengths=SIM_LENGTHS)
+    value = [rho * m - c for c, m in (_enumerate(model, k, t_f, t_s, SIM_LENGTHS)
+                                      for t_f in range(1, k + 2) for t_s in range(1, k + 2))]
+    cost, mixed = _enumerate(model, k, plan.after_failures, plan.after_successes,
+                                    SIM_LENGTHS)
+    assert rho * mixed - cost == pytest.approx(max(value), abs=1e-6)
+    assert plan.start_value == pytest.approx(rho * mixed - cost, abs=1e-6)
+    closed = expected_cost_and_yield(model, k, plan.after_failures, plan.after_successes,
+                                     lengths=SIM_LENGTHS)
+    assert closed == pytest.approx((cost, mixed), abs=1e-9)
+
+
+@pytest.mark.parametrize("k", [8, 16])
+def test_longer_failures_abandon_runs_of_failures_earlier(k):
+    # each rule at its own fixed point: the rollout price stops after 3 failures on this pool;
+    # failures twice as long as successes make the third one too dear
+    rollouts = auto_thresholds(POINTS, k, fixed_point_rho(POINTS, k), allow_skip=False)
+    rho = fixed_point_rho(POINTS, k, lengths=SIM_LENGTHS)
+    tokens = auto_thresholds(POINTS, k, rho, allow_skip=False, lengths=SIM_LENGTHS)
+    assert tokens.after_failures < rollouts.after_failures
+    assert tokens.after_successes >= rollouts.after_successes   # cheap runs go on longer
+    # and the token plan spends fewer tokens per effective group (closed form)
+    spent = [expected_cost_and_yield(POINTS, k, p.after_failures, p.after_successes,
+                                     lengths=SIM_LENGTHS) for p in (tokens, rollouts)]
+    assert spent[0][0] / spent[0][1] < 0.97 * spent[1][0] / spent[1][1]
+
+
+def test_plan_group_prices_in_tokens_and_refuses_bad_lengths():
+    plan = plan_group("sara", 8, 1.0, 1.0, "auto", pool=POINTS, lengths=SIM_LENGTHS)
+    assert plan.after_failures == 2       # at the token fixed point (see the test above)
+    with pytest.raises(ValueError):
+        plan_group("sara", 8, 1.0, 1.0, "auto", pool=POINTS, lengths=(58.0, 127.0))
+    with pytest.raises(ValueError):
+        TokenLengths(0.0, 10.0)

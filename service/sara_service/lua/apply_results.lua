@@ -200,12 +200,17 @@ end
 -- Each slot teaches its prompt's posterior once, with the first outcome reported for it: a second
 -- answer for the same slot (a re-issued copy, a result sent by a non-holder and then the holder's
 -- own, a late result repeated) is one sample counted twice otherwise.
-local function learn_once(g, sl, success, level)
+-- The same once-per-slot sample feeds the mean completion tokens of a success and of a failure
+-- (learned_* counters), which tau_low=auto prices rollouts with under SARA_AUTO_PRICE=tokens.
+local function learn_once(g, sl, success, level, tokens)
   local field = 'learned:' .. sl
   if not g.slot[field] then
     g.slot[field] = '1'
     g.w[field] = 1
     update_posterior(g.pid, success, level)
+    local side = success == 1 and 'success' or 'failure'
+    count_up('learned_' .. side .. '_rollouts', 1)
+    count_up('learned_' .. side .. '_tokens', tokens)
   end
 end
 
@@ -499,7 +504,7 @@ for i = 1, count do
     released = released + 1
   else
     local decision = nil
-    if not aborted then learn_once(g, sl, success, level) end
+    if not aborted then learn_once(g, sl, success, level, tonumber(arg(i, 4))) end
     if st == 'c' or copy_holder or aborted then
       late = late + 1
       if copy_holder then set_slot(rid, 'd') end
