@@ -75,7 +75,7 @@ def test_fleet_actor_killed_mid_lease_loses_nothing(tmp_path, redis_url, ray_cpu
         with SaraClient(server.url) as trainer:
             deliveries = Deliveries()
             _take(trainer, deliveries, fleet, KILL_AFTER)
-            orphaned, old_pid = _kill_mid_lease(fleet, redis_url, namespace)
+            orphaned, old_pid = _kill_mid_lease(fleet, redis_url, namespace, trainer, deliveries)
             # Ray restarts the process and the fleet runs the loop again, same worker id
             wait_for(lambda: fleet.poll() or fleet.restarts[0] == 1, 60, "the fleet to see it")
             assert fleet.restarts == [1, 0]
@@ -103,27 +103,39 @@ def test_fleet_actor_killed_mid_lease_loses_nothing(tmp_path, redis_url, ray_cpu
     assert {"fleet-0", "fleet-1"} <= workers
 
 
+def _take_one(trainer, deliveries: Deliveries, wait_s: float) -> None:
+    """Take and ack one batch if one is ready within `wait_s`."""
+    batch = trainer.next_batch(wait_s=wait_s)
+    if batch is not None:
+        deliveries.add(batch, "trainer", trainer.base_url)
+        assert trainer.ack(batch.batch_id).acked
+        deliveries.acked.append(batch.batch_id)
+
+
 def _take(trainer, deliveries: Deliveries, fleet, n: int) -> None:
     """Take and ack batches until `n` have arrived, supervising the fleet in between."""
     def one() -> bool:
         assert not fleet.poll(), f"the fleet stopped: {fleet.counters}"
-        batch = trainer.next_batch(wait_s=0.5)
-        if batch is not None:
-            deliveries.add(batch, "trainer", trainer.base_url)
-            assert trainer.ack(batch.batch_id).acked
-            deliveries.acked.append(batch.batch_id)
+        _take_one(trainer, deliveries, 0.5)
         return len(deliveries) >= n
 
     wait_for(one, 120, f"{n} batches", interval_s=0.0)
 
 
-def _kill_mid_lease(fleet, redis_url: str, namespace: str) -> tuple[set[str], int]:
+def _kill_mid_lease(fleet, redis_url: str, namespace: str, trainer,
+                    deliveries: Deliveries) -> tuple[set[str], int]:
     """Wait until actor 0 holds several leased rollouts, then ray.kill it (Ray restarts it):
     the rollouts still leased to it after the kill, which no process of it will answer, and
     the pid it had."""
     pid = fleet.info(0)["pid"]
-    held = wait_for(lambda: (h := held_by(redis_url, namespace, "fleet-0")) and len(h) >= 4
-                    and h, 30, "actor 0 to hold a lease of 4")
+    def holding() -> set[str]:
+        # the trainer keeps taking batches meanwhile: with none taken, flow control would let
+        # the queue run dry and no actor would hold anything
+        _take_one(trainer, deliveries, 0.0)
+        h = held_by(redis_url, namespace, "fleet-0")
+        return h if len(h) >= 4 else set()
+
+    held = wait_for(holding, 30, "actor 0 to hold a lease of 4")
     fleet.kill(0, restart=True)
     wait_for(lambda: not _alive(pid), 30, f"actor 0's process {pid} to be gone")
     # a new process of actor 0 leases again only after Ray restarted it; what is still leased to
