@@ -79,7 +79,7 @@ def test_fleet_actor_killed_mid_lease_loses_nothing(tmp_path, redis_url, ray_cpu
             # Ray restarts the process and the fleet runs the loop again, same worker id
             wait_for(lambda: fleet.poll() or fleet.restarts[0] == 1, 60, "the fleet to see it")
             assert fleet.restarts == [1, 0]
-            assert wait_for(lambda: fleet.info(0)["pid"], 60, "the restarted actor") != old_pid
+            assert wait_for(lambda: _pid_when_up(fleet, 0), 60, "the restarted actor") != old_pid
             _take(trainer, deliveries, fleet, N_BATCHES)
             # the killed actor's rollouts: issued again after their lease expired, answered
             answered = wait_for(lambda: _answered(redis_url, namespace, orphaned, fleet), 60,
@@ -101,6 +101,16 @@ def test_fleet_actor_killed_mid_lease_loses_nothing(tmp_path, redis_url, ray_cpu
     assert stats.counters.rollouts_reissued >= answered.count("done")
     workers = {w.worker_id for w in stats.workers}
     assert {"fleet-0", "fleet-1"} <= workers
+
+
+def _pid_when_up(fleet, index: int) -> int | None:
+    """The actor's pid, or None while Ray is still restarting it."""
+    import ray
+
+    try:
+        return fleet.info(index)["pid"]
+    except ray.exceptions.ActorUnavailableError:
+        return None
 
 
 def _take_one(trainer, deliveries: Deliveries, wait_s: float) -> None:
