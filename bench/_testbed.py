@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -73,7 +75,10 @@ def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
     from sara_demo.testbed import test_set, training_pool, validation_set, verified_testbed
 
     started = time.perf_counter()   # the whole run: loading and evaluations included
-    start = str(start_from or verified_testbed())
+    start = str(verified_testbed(Path(start_from) if start_from else None))
+    # scratch: an interrupted run's Redis data there would carry its prompts and policy versions
+    # into this one
+    shutil.rmtree(work, ignore_errors=True)
     pool = training_pool(protocol.pool_size, seed)
     judged = test_set(protocol.test_size) if split == "test" else validation_set(
         protocol.val_size, pool)
@@ -95,7 +100,19 @@ def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
     _final_eval(evaluator, trainer, history, evals)
     seconds = time.perf_counter() - started
     record = _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
-    return {**record, "by_bucket": buckets.counts}
+    return {**record, "start": warm_start_identity(start), "by_bucket": buckets.counts}
+
+
+def warm_start_identity(directory: str | Path) -> dict[str, Any]:
+    """Which warm start a run began from: its directory, the SHA-256 of its weights and its
+    habit set's name (from its manifest), so runs from different warm starts are never mixed."""
+    from sara_demo.testbed import HABIT_SETS
+    from sara_demo.warmstart import MANIFEST
+
+    manifest = json.loads((Path(directory) / MANIFEST).read_text())
+    habits = manifest.get("recipe", {}).get("habits")
+    return {"dir": str(directory), "weights_sha256": manifest["sha256"]["model.safetensors"],
+            "habits": next((n for n, h in HABIT_SETS.items() if h == habits), None)}
 
 
 class BucketCounts:

@@ -35,8 +35,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sara_demo.testbed import verified_testbed
+
 from _provenance import git_state
-from _testbed import LABELS, METHODS, PRINCIPAL, Protocol, run_one
+from _testbed import LABELS, METHODS, PRINCIPAL, Protocol, run_one, warm_start_identity
 from _testbed_report import chart, criteria, final_accuracy, format_report, method_summary, \
     target_ratios
 
@@ -59,6 +61,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
     p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
                    "or a temporary one with --quick)")
+    p.add_argument("--start-from", default=None, help="a warm start made by python -m "
+                   "sara_demo.testbed --out DIR (default: the shipped one)")
     p.add_argument("--work", default=None, help="scratch directory")
     p.add_argument("--fresh", action="store_true", help="ignore PREFIX.runs.jsonl")
     args = p.parse_args(argv)
@@ -82,10 +86,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 class Recorder:
-    """Runs done so far (PREFIX.runs.jsonl), appended as each one ends."""
+    """Runs done so far (PREFIX.runs.jsonl), appended as each one ends; only runs from the same
+    warm start (its weights' SHA-256) count as done."""
 
-    def __init__(self, path: Path, fresh: bool) -> None:
-        self.path = path
+    def __init__(self, path: Path, fresh: bool, start_from: str | None = None) -> None:
+        self.path, self.start_from = path, start_from
+        self.weights = warm_start_identity(verified_testbed(
+            Path(start_from) if start_from else None))["weights_sha256"]
         if fresh and path.exists():
             path.unlink()
         self.runs = [json.loads(line) for line in path.read_text().splitlines()
@@ -95,8 +102,8 @@ class Recorder:
              ) -> dict[str, Any] | None:
         """A finished run of that method, seed, learning rate and split under `protocol`."""
         return next((r for r in self.runs if (r["method"], r["seed"], r["lr"], r["split"])
-                     == (method, seed, lr, split) and r.get("protocol") == asdict(protocol)),
-                    None)
+                     == (method, seed, lr, split) and r.get("protocol") == asdict(protocol)
+                     and r.get("start", {}).get("weights_sha256") == self.weights), None)
 
     def run(self, method: str, seed: int, lr: float, split: str, protocol: Protocol,
             work: Path, tag: str) -> dict[str, Any]:
@@ -104,7 +111,7 @@ class Recorder:
         if done is not None:
             return done
         record = run_one(method, seed, lr, protocol, work / f"{method}-s{seed}-lr{lr:g}-{split}",
-                         split=split)
+                         split=split, start_from=self.start_from)
         self.runs.append(record)
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -150,7 +157,7 @@ def main(argv: list[str]) -> int:
         else Path(__file__).resolve().parent / "results" / "testbed")
     prefix.parent.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="sara-testbed-work-"))
-    rec = Recorder(prefix.with_name(prefix.name + ".runs.jsonl"), args.fresh)
+    rec = Recorder(prefix.with_name(prefix.name + ".runs.jsonl"), args.fresh, args.start_from)
     started = time.perf_counter()
     chosen = choose_lrs(args, protocol, rec, work)
     jobs = [(m, s) for s in sorted({s for m in args.methods for s in seeds_of(args, m)})
@@ -167,7 +174,7 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
     crit, goals = criteria(runs), target_ratios(summary)
     # a resumed recording's invocation is short; the runs' own times say what it cost
     recorded_s = sum(r["seconds"] for r in runs)
-    text = header(argv, protocol, chosen, seconds, recorded_s) + \
+    text = header(argv, protocol, chosen, seconds, recorded_s, runs) + \
         format_report(summary, crit, runs) + \
         "\n\ntargets: " + json.dumps(goals, default=float)
     print("\n" + text)
@@ -182,7 +189,10 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
 
 
 def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds: float,
-           recorded_s: float) -> str:
+           recorded_s: float, runs: list[dict[str, Any]]) -> str:
+    starts = {(r["start"]["habits"], r["start"]["weights_sha256"][:12]) for r in runs
+              if "start" in r}
+    start = "; ".join(f"warm start of habit set {h} (weights {sha}...)" for h, sha in starts)
     lrs = ", ".join(f"{m} {c['lr']:g}" for m, c in chosen.items())
     return "\n".join([
         "The learning testbed: rollouts to a target accuracy under the fair protocol "
@@ -197,7 +207,7 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         f"protocol:  B = {protocol.batch_groups} groups a step, k = {protocol.k}, "
         f"{protocol.rollouts:,} rollouts a run, pool {protocol.pool_size} prompts, test "
         f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}",
-        f"lr:        {lrs}", "", ""])
+        f"lr:        {lrs}", f"start:     {start}", "", ""])
 
 
 def say(message: str) -> None:

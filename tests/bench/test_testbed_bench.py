@@ -3,11 +3,15 @@ matched batch size, resuming) and a CI-size run of every method through the prod
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
+
+from sara_demo.testbed import SHIPPED_HABITS, verified_testbed
 
 from .test_allocation_bench import BENCH, _load
 
@@ -138,11 +142,13 @@ def test_arguments_are_checked_and_ds_is_always_run():
 def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run(method, seed, lr, protocol, work, split="test"):
+    shipped = testbed.warm_start_identity(verified_testbed())
+
+    def fake_run(method, seed, lr, protocol, work, split="test", start_from=None):
         calls.append((method, seed, lr, split))
         best = {"ds": 1e-4, "sara": 3e-4}[method]
         return _run(method, seed, [0.4, 0.5 if lr == best else 0.45], split=split, lr=lr,
-                    protocol=testbed.asdict(protocol))
+                    protocol=testbed.asdict(protocol), start=shipped)
 
     monkeypatch.setattr(cli, "run_one", fake_run)
     args = cli.parse_args(["--methods", "ds,sara", "--lr-grid", "1e-4,3e-4", "--seeds", "0"])
@@ -153,6 +159,35 @@ def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path,
     again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)   # a restart reads them back
     cli.choose_lrs(args, testbed.Protocol(), again, tmp_path)
     assert len(calls) == 4
+
+
+def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(verified_testbed(), other)
+    manifest = json.loads((other / "warmstart.json").read_text())
+    (other / "model.safetensors").write_bytes(b"not the shipped weights")
+    manifest["sha256"]["model.safetensors"] = hashlib.sha256(b"not the shipped weights").hexdigest()
+    (other / "warmstart.json").write_text(json.dumps(manifest))
+    protocol = testbed.Protocol()
+    ran = _run("ds", 0, [0.4, 0.5], protocol=testbed.asdict(protocol),
+               start=testbed.warm_start_identity(verified_testbed()))
+    (tmp_path / "t.runs.jsonl").write_text(json.dumps(ran) + "\n")
+    shipped = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
+    assert shipped.find("ds", 0, 1e-4, "test", protocol) == ran
+    assert shipped.find("ds", 0, 1e-4, "test", testbed.Protocol(rollouts=10)) is None
+    elsewhere = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False, start_from=str(other))
+    assert elsewhere.find("ds", 0, 1e-4, "test", protocol) is None
+    legacy = {k: v for k, v in ran.items() if k != "start"}   # recorded before runs named it
+    (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
+    assert cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False).find(
+        "ds", 0, 1e-4, "test", protocol) is None
+
+
+def test_the_run_record_names_its_warm_start():
+    identity = testbed.warm_start_identity(verified_testbed())
+    manifest = json.loads((verified_testbed() / "warmstart.json").read_text())
+    assert identity["weights_sha256"] == manifest["sha256"]["model.safetensors"]
+    assert identity["habits"] == SHIPPED_HABITS
 
 
 @pytest.mark.slow

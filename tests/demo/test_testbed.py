@@ -66,3 +66,12 @@ def test_splits_are_disjoint_and_the_pool_spreads_over_the_buckets():
     assert len(validation) == 500 and not ids[0] & ids[1] and not ids[2] & (ids[0] | ids[1])
     assert testbed.training_pool(1000, seed=0) == pool            # seeded
     assert testbed.training_pool(1000, seed=1) != pool
+
+
+def test_the_rebuild_command_takes_only_known_habit_sets(tmp_path, capsys):
+    assert testbed.SHIPPED_HABITS in testbed.HABIT_SETS
+    assert testbed.HABITS == testbed.HABIT_SETS[testbed.SHIPPED_HABITS]
+    with pytest.raises(SystemExit):
+        testbed.main(["--out", str(tmp_path), "--habits", "nope"])
+    assert "invalid choice" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())   # refused before anything was built
