@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 
@@ -138,3 +139,58 @@ async def test_a_cancelled_caller_is_dropped_from_the_batch(hf, constant_policie
         await gone
     assert (await keep).completion_tokens == 50
     assert hf.tokens_so_far("c:1") is None and "c:1" not in hf.inflight_ids()
+
+
+def _logits(model):
+    import torch
+
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        return model(ids).logits
+
+
+async def test_a_checkpoint_of_the_same_model_is_copied_into_the_loaded_one(hf, tiny_policy,
+                                                                            tiny_policy_alt,
+                                                                            tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    await hf.generate(rollout("w:0", "1+1=", max_tokens=2), 0)
+    model = hf._loaded.model
+    await hf.load_policy(1, str(tiny_policy_alt))           # same config, other weights
+    assert hf._loaded.model is model and hf._loaded.source == str(tiny_policy_alt)
+    fresh = AutoModelForCausalLM.from_pretrained(str(tiny_policy_alt)).eval()
+    assert (_logits(model) - _logits(fresh)).abs().max() < 1e-5   # tied head followed too
+    weights_only = tmp_path / "weights_only"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (weights_only / name).write_bytes((tiny_policy / name).read_bytes())
+    await hf.load_policy(2, str(weights_only))              # no tokenizer: the loaded one kept
+    assert hf._loaded.model is model
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_policy)).eval()
+    assert (_logits(model) - _logits(base)).abs().max() < 1e-5
+    gen = await hf.generate(rollout("w:1", "1+1=", temperature=0.0, max_tokens=3), 2)
+    assert gen.completion_tokens == 3
+
+
+async def test_another_config_or_tokenizer_builds_the_model_anew(hf, tiny_policy, tmp_path):
+    await hf.generate(rollout("r:0", "1+1=", max_tokens=2), 0)
+    model = hf._loaded.model
+    other = tmp_path / "other_tokenizer"
+    other.mkdir()
+    for f in tiny_policy.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    config = json.loads((tiny_policy / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 12345
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    await hf.load_policy(1, str(other))
+    assert hf._loaded.model is not model and hf._loaded.tokenizer.model_max_length == 12345
+    model = hf._loaded.model
+    changed = tmp_path / "other_config"
+    changed.mkdir()
+    for f in tiny_policy.iterdir():
+        (changed / f.name).write_bytes(f.read_bytes())
+    config = json.loads((tiny_policy / "config.json").read_text())
+    config["layer_norm_epsilon"] = 1e-3          # the same weights, another model
+    (changed / "config.json").write_text(json.dumps(config))
+    await hf.load_policy(2, str(changed))
+    assert hf._loaded.model is not model and hf._loaded.model.config.layer_norm_epsilon == 1e-3

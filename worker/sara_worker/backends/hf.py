@@ -16,8 +16,11 @@ the end-of-sequence token, the completion text does not (special tokens are skip
 Every torch call runs on one dedicated thread, so the event loop (leases, heartbeats, aborts)
 stays responsive while the model computes. ``load_policy`` loads the checkpoint directory
 (``AutoModelForCausalLM`` and, when the directory has one, its tokenizer) and swaps it in; a policy
-without a checkpoint keeps the current weights. With no ``model`` option the first policy
-checkpoint is the model.
+without a checkpoint keeps the current weights. When the checkpoint has the loaded model's config
+and tokenizer files (a trainer publishing every step) and one ``model.safetensors``, only the
+weights are copied into the loaded model: a few milliseconds where building the model again costs
+tens, on the torch thread that generates. With no ``model`` option the first policy checkpoint is
+the model.
 
 Options: ``model`` (directory), ``device`` (default ``cuda`` when available, else ``cpu``),
 ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``), ``seed`` (for unseeded rollouts),
@@ -30,8 +33,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import hashlib
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from sara_client.chat import render_prompt
@@ -41,6 +47,12 @@ from .base import BaseBackend, Generation, ObservableProgress
 from .hf_sampling import sample
 
 log = logging.getLogger("sara.worker.hf")
+
+# the files a checkpoint's tokenizer is read from (those present are compared)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+# config.json fields that differ between saves of the same model
+VOLATILE_CONFIG = ("_name_or_path", "transformers_version")
 
 
 @dataclasses.dataclass(eq=False)
@@ -68,6 +80,28 @@ class _Loaded:
     context: int | None
     eos_ids: frozenset[int]
     pad_id: int
+    config: dict[str, Any] | None = None   # the source's config.json, less VOLATILE_CONFIG
+    tokenizer_digest: str = ""             # of the source's TOKENIZER_FILES ("" for none)
+
+
+def _config_of(directory: str) -> dict[str, Any] | None:
+    """A checkpoint's config.json without the fields that change between saves (None: none)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    return {k: v for k, v in config.items() if k not in VOLATILE_CONFIG}
+
+
+def _tokenizer_digest(directory: str) -> str:
+    """SHA-256 over a checkpoint's tokenizer files ("" when it has none: weights only)."""
+    digest, found = hashlib.sha256(), False
+    for name in TOKENIZER_FILES:
+        path = Path(directory) / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+            found = True
+    return digest.hexdigest() if found else ""
 
 
 class _Batch:
@@ -153,7 +187,39 @@ class HFBackend(ObservableProgress, BaseBackend):
             pad = min(eos) if eos else 0
         context = getattr(model.config, "max_position_embeddings", None)
         return _Loaded(model, tokenizer, source, int(context) if context else None,
-                       frozenset(eos), int(pad))
+                       frozenset(eos), int(pad), _config_of(source), _tokenizer_digest(source))
+
+    def _reload(self, source: str, previous: _Loaded | None) -> _Loaded:
+        """`source` loaded: its weights copied into `previous`'s model when that is the same
+        model (see :meth:`_weights_in_place`), else built anew."""
+        kept = self._weights_in_place(source, previous)
+        return kept if kept is not None else self._load(source, previous)
+
+    def _weights_in_place(self, source: str, previous: _Loaded | None) -> _Loaded | None:
+        """`previous` with `source`'s weights copied into its model, or None when `source` is
+        not the same model: another config, another tokenizer, sharded or non-safetensors
+        weights, or a state dict whose keys do not match (a missing key is allowed only when it
+        is tied to a loaded one, as GPT-2's output embedding is to its input embedding)."""
+        weights = Path(source) / "model.safetensors"
+        if previous is None or previous.config is None or not weights.is_file() or \
+                _config_of(source) != previous.config:
+            return None
+        digest = _tokenizer_digest(source)
+        if digest not in ("", previous.tokenizer_digest):
+            return None
+        from safetensors.torch import load_file
+
+        state = load_file(str(weights), device=str(self.device))
+        model = previous.model
+        params = dict(model.named_parameters(remove_duplicate=False))
+        expected = set(model.state_dict())
+        missing = expected - set(state)
+        tied = {k for k in missing if k in params and any(params.get(j) is params[k]
+                                                           for j in state)}
+        if set(state) - expected or missing - tied:
+            return None
+        model.load_state_dict(state, strict=False)   # copies in place; tied tensors follow
+        return dataclasses.replace(previous, source=source)
 
     async def _ensure_model(self) -> _Loaded:
         if self._loaded is None:
@@ -174,7 +240,7 @@ class HFBackend(ObservableProgress, BaseBackend):
             self.policy_version = version
             return
         async with self._model_lock:  # waits for a running batch to end
-            loaded = await self._call(self._load, checkpoint, self._loaded)
+            loaded = await self._call(self._reload, checkpoint, self._loaded)
             self._loaded = loaded
         self.policy_version, self.checkpoint = version, checkpoint
         log.info("hf backend now at policy v%d (%s)", version, checkpoint)
