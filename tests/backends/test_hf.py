@@ -172,25 +172,23 @@ async def test_a_checkpoint_of_the_same_model_is_copied_into_the_loaded_one(hf, 
     assert gen.completion_tokens == 3
 
 
+def _edited_copy(source, dest, name, **changes):
+    """A copy of checkpoint `source` at `dest` with JSON file `name` changed."""
+    dest.mkdir()
+    for f in source.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    (dest / name).write_text(json.dumps({**json.loads((source / name).read_text()), **changes}))
+    return dest
+
+
 async def test_another_config_or_tokenizer_builds_the_model_anew(hf, tiny_policy, tmp_path):
     await hf.generate(rollout("r:0", "1+1=", max_tokens=2), 0)
     model = hf._loaded.model
-    other = tmp_path / "other_tokenizer"
-    other.mkdir()
-    for f in tiny_policy.iterdir():
-        (other / f.name).write_bytes(f.read_bytes())
-    config = json.loads((tiny_policy / "tokenizer_config.json").read_text())
-    config["model_max_length"] = 12345
-    (other / "tokenizer_config.json").write_text(json.dumps(config))
-    await hf.load_policy(1, str(other))
+    await hf.load_policy(1, str(_edited_copy(tiny_policy, tmp_path / "tok", "tokenizer_config.json",
+                                             model_max_length=12345)))
     assert hf._loaded.model is not model and hf._loaded.tokenizer.model_max_length == 12345
     model = hf._loaded.model
-    changed = tmp_path / "other_config"
-    changed.mkdir()
-    for f in tiny_policy.iterdir():
-        (changed / f.name).write_bytes(f.read_bytes())
-    config = json.loads((tiny_policy / "config.json").read_text())
-    config["layer_norm_epsilon"] = 1e-3          # the same weights, another model
-    (changed / "config.json").write_text(json.dumps(config))
-    await hf.load_policy(2, str(changed))
+    # the same weights, another model
+    await hf.load_policy(2, str(_edited_copy(tiny_policy, tmp_path / "cfg", "config.json",
+                                             layer_norm_epsilon=1e-3)))
     assert hf._loaded.model is not model and hf._loaded.model.config.layer_norm_epsilon == 1e-3
