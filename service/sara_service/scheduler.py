@@ -3,6 +3,10 @@
 It holds no state of its own beyond caches derived from settings, so any number of replicas can
 serve one namespace. The clock is injected (tests move it by hand); a long poll waits for the
 run's wake stream (see `wake`), re-checking at least every `poll_interval_s`, until its deadline.
+
+It is past 400 lines because every call that opens groups shares its plan, level and selection
+caches (plans per prompt, the reward levels seen, the selection modes' scores); the pure parts
+already live in `allocation`, `reward_levels` and `selection`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from .reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
 )
 from .selection import (
-    DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
+    DpsParams, dps_mixed_probability, dps_observations, mopps_levels_score, mopps_score,
+    top_by_score,
 )
 from .settings import Settings
 from .store import Opening, Store, stored_int
@@ -196,11 +201,17 @@ class Scheduler:
     def _start_chance(self, post: dict | None, a: float, b: float, version: int,
                       clock: float) -> float:
         """P(a new group of the prompt comes out effective): its Beta(a, b) p_eff, or under the
-        reward view its Dirichlet's (alpha0 per level plus its level counts decayed to now)."""
+        reward view its Dirichlet's (see :meth:`_level_alphas`)."""
         s = self.settings
         if not self.reward_view:
             return p_eff(0, 0, s.group_size, a, b)
-        f = PosteriorField
+        alphas = self._level_alphas(post, version, clock)
+        return p_eff_levels([0] * len(alphas), s.group_size, alphas)
+
+    def _level_alphas(self, post: dict | None, version: int, clock: float) -> list[float]:
+        """The prompt's Dirichlet over reward levels now: alpha0 per level in use plus its level
+        counts, decayed to now as a and b are."""
+        s, f = self.settings, PosteriorField
         counts = list(((post or {}).get(f.level_counts) or {}).values())
         weight = 1.0
         if post:
@@ -208,8 +219,7 @@ class Scheduler:
                                   version))), s.posterior_half_life,
                                   max(0.0, clock - post.get(f.clock, clock)))
         alphas = [s.prior_alpha + weight * c for c in counts]
-        alphas += [s.prior_alpha] * max(0, self._levels - len(alphas))
-        return p_eff_levels([0] * len(alphas), s.group_size, alphas)
+        return alphas + [s.prior_alpha] * max(0, self._levels - len(alphas))
 
     def _plan_for(self, a: float, b: float) -> GroupPlan:
         """The plan of one prompt whose posterior is Beta(a, b) now."""
@@ -233,6 +243,10 @@ class Scheduler:
             history = [p.get(PosteriorField.observations) or [] for p in posts]
             scores = [dps_mixed_probability(dps_observations(obs, s.dps_censored), version, params)
                       for obs in history]
+        elif self.reward_view:
+            clock = await self.store.pool_clock()
+            scores = [mopps_levels_score(self._level_alphas(p, version, clock), s.group_size,
+                                         self._rng) for p in posts]
         else:
             clock = await self.store.pool_clock()
             scores = [mopps_score(*self._posterior_now(p, version, clock), self._rng,

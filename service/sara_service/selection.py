@@ -15,7 +15,11 @@ that short history; the scheduler draws a candidate pool and keeps the best-scor
   transition counts gain the outer product of the previous and this belief (one count, spread).
   q = 0 is the hard label.
 - MoPPS: Thompson-sample a success rate from the prompt's (decayed) Beta posterior and prefer
-  prompts whose sample is nearest a target rate (0.5: most likely to give a mixed group).
+  prompts whose sample is nearest a target rate (0.5: most likely to give a mixed group). Under
+  the reward view (levels, not successes) the sample is the prompt's chances over its reward
+  levels, from its (decayed) Dirichlet, scored by the chance that a group of k drawn with them
+  does not land all on one level; with two levels that orders prompts exactly as the distance
+  from 0.5 does.
 """
 
 from __future__ import annotations
@@ -129,6 +133,24 @@ def mopps_score(alpha: float, beta: float, rng: random.Random, target: float = 0
     """Negative squared distance of a Thompson sample from `target`: higher is better."""
     sample = rng.betavariate(alpha, beta)
     return -((sample - target) ** 2)
+
+
+def mopps_levels_score(alphas: Sequence[float], k: int, rng: random.Random) -> float:
+    """MoPPS under the reward view: a Thompson sample of the prompt's chances over its levels,
+    pi ~ Dirichlet(`alphas`) (as normalised Gamma draws), scored by :func:`differ_chance`:
+    higher is better."""
+    draws = [rng.gammavariate(a, 1.0) for a in alphas]
+    total = sum(draws)
+    if total <= 0.0:   # every draw underflowed: all mass on no level, nothing to prefer
+        return 0.0
+    return differ_chance([d / total for d in draws], k)
+
+
+def differ_chance(chances: Sequence[float], k: int) -> float:
+    """P(a group of `k` whose rollouts land on the levels with these `chances` does not land
+    all on one level) = 1 - sum_j pi_j^k. For two levels, 1 - p^k - (1-p)^k: largest at p =
+    1/2 and falling as |p - 1/2| grows, so it ranks as MoPPS's -(p - 1/2)^2 does."""
+    return 1.0 - sum(c ** k for c in chances)
 
 
 def top_by_score(candidates: Sequence[str], scores: Sequence[float], count: int,

@@ -21,7 +21,6 @@ AutoPrice = Literal["rollouts", "tokens"]
 REWARD_VIEW_REFUSES = {
     "tau_low=auto": "its price model (autotau) is a pool of success rates",
     "prior=history": "per-prompt plans would need a table per level",
-    "selection=mopps": "it samples the Beta posterior's success rate",
 }
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
 DEFAULT_HALF_LIFE = 4.0
@@ -160,14 +159,19 @@ class Settings(BaseSettings):
         """Refuse what the reward view does not support, and a plan that skips every prompt."""
         from .reward_levels import level_table, plan_levels
 
-        chosen = {"tau_low=auto": self.tau_low == "auto", "prior=history": self.prior == "history",
-                  "selection=mopps": self.selection == "mopps"}
+        chosen = {"tau_low=auto": self.tau_low == "auto", "prior=history": self.prior == "history"}
         refused = [name for name, on in chosen.items() if on]
         if refused:
             why = "; ".join(f"{name}: {REWARD_VIEW_REFUSES[name]}" for name in refused)
             raise ValueError(f"SARA_EFFECTIVE=reward does not support {', '.join(refused)} ({why})"
-                             "; use a fixed SARA_TAU_LOW, SARA_PRIOR=uniform and SARA_SELECTION="
-                             "epoch, history or dps, or SARA_EFFECTIVE=outcome")
+                             "; use a fixed SARA_TAU_LOW and SARA_PRIOR=uniform, or "
+                             "SARA_EFFECTIVE=outcome")
+        if self.selection == "mopps" and self.mopps_target != 0.5:
+            raise ValueError(
+                f"SARA_MOPPS_TARGET={self.mopps_target:g} is a success rate, and the reward view "
+                "has reward levels instead: its MoPPS prefers the prompts whose Thompson sample "
+                "gives a group the best chance of differing rewards (the binary view's target "
+                "0.5); leave SARA_MOPPS_TARGET at 0.5, or use SARA_EFFECTIVE=outcome")
         if self.prior_alpha != self.prior_beta:
             raise ValueError(
                 "SARA_EFFECTIVE=reward uses a symmetric Dirichlet prior (SARA_PRIOR_ALPHA for "

@@ -144,15 +144,12 @@ async def test_dps_selection_runs_under_the_reward_view(make_api):
     assert 'sara_warnings{namespace="default"} 0.0' in metrics
 
 
-async def test_history_selection_skips_prompts_whose_rewards_never_differ(make_api):
-    """Under the reward view a prompt is skipped once its Dirichlet says a new group is unlikely
-    to come out with differing rewards: here, prompts that always score 0.1 (always formatted,
-    never right), beside prompts whose formats vary."""
-    api = await make_api(effective="reward", reward_tolerance=0.01, selection="history",
-                         tau_skip=0.5, batch_size=4, prefetch_batches=2)
+async def _same_and_vary(api, rounds: int = 30) -> tuple[int, int]:
+    """Ten prompts that always score 0.1 (always formatted, never right) beside ten whose
+    formats vary; (groups the 'same' prompts got, groups the 'vary' prompts got)."""
     await api.add(*[prompt_spec(f"same{i}", "fail") for i in range(10)],
                   *[prompt_spec(f"vary{i}", "fail") for i in range(10)])
-    for _ in range(30):
+    for _ in range(rounds):
         lease = await api.lease("w1", 64)
         if lease["rollouts"]:
             await api.report("w1", [result_for(r, reward=0.1 if r["prompt_id"].startswith("same")
@@ -160,13 +157,30 @@ async def test_history_selection_skips_prompts_whose_rewards_never_differ(make_a
                                     for r in lease["rollouts"]])
         while (r := await api.next_batch()).status_code == 200:
             await api.ok("POST", f"/batches/{r.json()['batch_id']}/ack")
-    c = await api.counters()
-    assert c["groups_skipped"] > 0
     same = [await api.prompt(f"same{i}") for i in range(10)]
     vary = [await api.prompt(f"vary{i}") for i in range(10)]
+    return (sum(p["history"]["groups"] for p in same),
+            sum(p["history"]["groups"] for p in vary))
+
+
+async def test_history_selection_skips_prompts_whose_rewards_never_differ(make_api):
+    """Under the reward view a prompt is skipped once its Dirichlet says a new group is unlikely
+    to come out with differing rewards."""
+    api = await make_api(effective="reward", reward_tolerance=0.01, selection="history",
+                         tau_skip=0.5, batch_size=4, prefetch_batches=2)
+    same, vary = await _same_and_vary(api)
+    assert (await api.counters())["groups_skipped"] > 0
     # the pure prompts stop being visited; the varied ones keep coming back
-    assert sum(p["history"]["groups"] for p in vary) >= 1.5 * sum(p["history"]["groups"]
-                                                                  for p in same)
+    assert vary >= 1.5 * same
+
+
+async def test_mopps_selection_prefers_prompts_whose_rewards_differ(make_api):
+    """MoPPS under the reward view Thompson-samples each candidate's chances over the levels and
+    keeps those most likely to give differing rewards."""
+    api = await make_api(effective="reward", reward_tolerance=0.01, selection="mopps",
+                         selection_pool=4, batch_size=4, prefetch_batches=2)
+    same, vary = await _same_and_vary(api)
+    assert vary >= 2 * same > 0, (same, vary)
 
 
 async def test_the_reward_view_is_refused_with_what_it_cannot_run(make_app):

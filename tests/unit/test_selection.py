@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sara_service.selection import (
-    DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
+    DpsParams, differ_chance, dps_mixed_probability, dps_observations, mopps_levels_score,
+    mopps_score, top_by_score,
 )
 
 outcomes = st.lists(st.tuples(st.integers(0, 30), st.sampled_from("FMS")), max_size=16)
@@ -147,3 +148,26 @@ def test_store_entries_keep_or_drop_the_censoring():
 def test_an_unknown_outcome_class_is_refused():
     with pytest.raises(ValueError, match="outcome"):
         dps_mixed_probability([(0, "X")], 1)
+
+
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(2, 64))
+def test_with_two_levels_differing_ranks_as_the_distance_from_one_half(p, q, k):
+    # the reward view's MoPPS score orders two-level prompts as MoPPS at target 0.5 does
+    a, b = differ_chance([p, 1 - p], k), differ_chance([q, 1 - q], k)
+    if abs(abs(p - 0.5) - abs(q - 0.5)) > 1e-9 and abs(a - b) > 1e-12:
+        assert (a > b) == (abs(p - 0.5) < abs(q - 0.5))
+
+
+def test_differ_chance_is_one_minus_the_all_one_level_chance():
+    assert differ_chance([1.0, 0.0, 0.0], 8) == 0.0
+    assert differ_chance([0.5, 0.5], 2) == pytest.approx(0.5)
+    assert differ_chance([0.2, 0.3, 0.5], 3) == pytest.approx(1 - 0.008 - 0.027 - 0.125)
+
+
+def test_mopps_under_levels_prefers_prompts_whose_levels_vary():
+    rng = random.Random(3)
+    vary = [mopps_levels_score([20, 20, 1], 8, rng) for _ in range(200)]
+    same = [mopps_levels_score([1, 60, 1], 8, rng) for _ in range(200)]
+    assert sum(vary) / 200 > 0.9 > 0.5 > sum(same) / 200
+    assert [mopps_levels_score([2, 3], 8, random.Random(7)) for _ in range(3)] == \
+        [mopps_levels_score([2, 3], 8, random.Random(7)) for _ in range(3)]

@@ -11,7 +11,6 @@ from sara_service.settings import Settings
 @pytest.mark.parametrize("over,named", [
     ({"tau_low": "auto"}, "tau_low=auto"),
     ({"prior": "history"}, "prior=history"),
-    ({"selection": "mopps"}, "selection=mopps"),
 ])
 def test_what_the_reward_view_cannot_run_is_refused(over, named):
     with pytest.raises(ValidationError) as info:
@@ -20,6 +19,13 @@ def test_what_the_reward_view_cannot_run_is_refused(over, named):
     assert f"SARA_EFFECTIVE=reward does not support {named}" in message
     assert "SARA_EFFECTIVE=outcome" in message
     Settings(effective="outcome", **over)   # the outcome view still runs it
+
+
+def test_a_mopps_target_other_than_one_half_is_refused_under_the_reward_view():
+    with pytest.raises(ValidationError, match="SARA_MOPPS_TARGET=0.3 is a success rate"):
+        Settings(effective="reward", selection="mopps", mopps_target=0.3)
+    assert Settings(effective="outcome", selection="mopps", mopps_target=0.3)
+    assert Settings(effective="reward", selection="epoch", mopps_target=0.3)   # not used
 
 
 def test_an_asymmetric_prior_is_refused_under_the_reward_view():
@@ -37,7 +43,7 @@ def test_a_reward_view_plan_that_skips_every_prompt_is_refused():
 
 @pytest.mark.parametrize("over", [
     {}, {"policy": "dynamic_sampling"}, {"policy": "uniform"}, {"selection": "dps"},
-    {"selection": "history"},
+    {"selection": "history"}, {"selection": "mopps"},
     {"reward_tolerance": 0.01, "reward_levels": 3},
 ])
 def test_what_the_reward_view_runs_is_accepted(over):
