@@ -17,7 +17,10 @@ SARA_EFFECTIVE=reward (effective: the rewards are not all equal) unless named `o
 - sara: tau_low 0.5, the Dirichlet(1, ..., 1) prior over the levels, no audits, so its cost
   has a closed form;
 - sara-audit: the same with audit_fraction 0.2, for the audit-sampling estimate of DS's spend;
-- ds-outcome, sara-outcome: the default view, where no group of this pool is ever effective.
+- ds-outcome, sara-outcome: the default view, where no group of this pool is ever effective;
+- ds-mopps, sara-mopps (not run by default): ds and sara on prompts picked by MoPPS under the
+  reward view (a Thompson sample of each candidate's chances over the levels, the best of 8 per
+  pick); they visit prompts unevenly, so no closed form.
 
 Exact figures, per prompt with level chances pi (epoch order visits every prompt alike):
 
@@ -30,6 +33,7 @@ Usage:
     python bench/reward_levels.py                        # ~1 minute on 2 cores
     python bench/reward_levels.py --reward-levels 0,0.1,1 --k 16
     python bench/reward_levels.py --prompts 60 --epochs 3 --methods ds,sara   # seconds
+    python bench/reward_levels.py --methods ds,ds-mopps,sara,sara-mopps        # MoPPS beside them
 """
 
 from __future__ import annotations
@@ -59,7 +63,11 @@ METHODS = {
     "sara-audit": {"policy": "sara", "effective": "reward", "audit_fraction": 0.2},
     "ds-outcome": {"policy": "dynamic_sampling", "effective": "outcome"},
     "sara-outcome": {"policy": "sara", "effective": "outcome", "audit_fraction": 0.0},
+    "ds-mopps": {"policy": "dynamic_sampling", "effective": "reward", "selection": "mopps"},
+    "sara-mopps": {"policy": "sara", "effective": "reward", "audit_fraction": 0.0,
+                   "selection": "mopps"},
 }
+DEFAULT_METHODS = ("ds", "sara", "sara-audit", "ds-outcome", "sara-outcome")
 
 
 def make_pool(prompts: int, levels: int, concentration: float, seed: int) -> list[list[float]]:
@@ -187,7 +195,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--tolerance", type=float, default=0.01, help="SARA_REWARD_TOLERANCE")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma list of: " + ", ".join(METHODS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write PREFIX.txt and PREFIX.json")
     return p.parse_args(argv)
