@@ -36,6 +36,12 @@ class Counters(AnswerModel):
                        "mixed groups that false abandons lose are not in it.")
     groups_completed_pure: int = Field(
         0, description="Groups that reached k all-fail or all-success (delivered or dropped).")
+    groups_ended_all_fail: int = Field(
+        0, description="Groups that ended all-fail: completed so, or abandoned on a failing prefix.")
+    groups_ended_all_success: int = Field(
+        0, description="Groups that ended all-success: completed so, or abandoned on a "
+                       "succeeding prefix.")
+    groups_ended_mixed: int = Field(0, description="Groups that ended mixed (committed).")
     groups_audited: int = Field(
         0, description="Groups SARA would have abandoned that ran on to k to be measured.")
     audits_mixed: int = Field(0, description="Audited groups that ended mixed (delivered).")

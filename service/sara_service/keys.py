@@ -203,6 +203,12 @@ class Keys:
         return self._k("stats:reward_levels")
 
     @property
+    def greso(self) -> str:
+        """Hash, under SARA_SELECTION=greso: the exploration rates and the counters they were
+        last stepped from (redis_format)."""
+        return self._k("selection:greso")
+
+    @property
     def non_binary_reward(self) -> str:
         """String: the first reward other than 0 and 1 that arrived under the outcome view
         (set once per run: the warning is said once)."""

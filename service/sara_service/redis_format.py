@@ -58,6 +58,8 @@ The `stats` hash holds the counters (`models.Counters`) and, beside them, learne
 learned_success_tokens, learned_failure_rollouts, learned_failure_tokens: each slot's first
 outcome (the one its posterior learns) and its completion tokens, by outcome; tau_low=auto
 prices rollouts with their means under SARA_AUTO_PRICE=tokens (`autoprice`).
+The `greso` hash (SARA_SELECTION=greso) holds v, the policy version its rates were stepped at,
+p_easy and p_hard (as %.17g text), and fail, success, total: the groups_ended_* counters then.
 `groups:open:yield` is the open_groups zset's scores summed, an integer in units of 1e-9 groups
 (flow control reads it instead of scanning the zset). The `wake` stream's entries carry
 w ('lease' or 'batch') and, for a batch, n (groups ready then; -1: any size may go).
@@ -301,6 +303,8 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           replies=("unknown", "already", "ok")),
     _spec("publish_policy", "policy", "version checkpoint now", replies=("stale", "ok")),
     _spec("prune_workers", "workers worker_info cancels", "seen_before limit"),
+    _spec("greso_step", "greso stats",
+          "version adapt p_start p_min p_max step target_easy target_hard"),
 )}
 
 

@@ -36,8 +36,8 @@ from .reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
 )
 from .selection import (
-    DpsParams, dps_mixed_probability, dps_observations, mopps_levels_score, mopps_score,
-    top_by_score,
+    DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
+    greso_streak, mopps_levels_score, mopps_score, top_by_score,
 )
 from .settings import Settings
 from .store import Opening, Store, stored_int
@@ -48,6 +48,10 @@ Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
 # worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
 _NO_OUTCOME = {"abort": -1, "error": -2}
+# selection modes that take prompts in epoch order (the others score a random candidate pool)
+EPOCH_ORDER = ("epoch", "history", "greso")
+# draws of prompts one lease may make when a selection skipped all of the previous one
+SKIP_REDRAWS = 8
 EXPIRE_BATCH = 1000  # expired leases a lease call re-queues first (upkeep takes the rest)
 
 
@@ -94,6 +98,8 @@ class Scheduler:
         # With a uniform prior every group of a run has the same plan: compute it once (under
         # auto, once per price: `_plans_for` refreshes it).
         self._prior_plan = self.auto.fresh_plan() if self.auto else self._fixed_plan()
+        self._greso = GresoParams(target=s.greso_target, p_start=s.greso_p_start,
+                                  p_min=s.greso_p_min, p_max=s.greso_p_max, step=s.greso_step)
         self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
                                         max_tokens=s.max_tokens)
 
@@ -184,8 +190,10 @@ class Scheduler:
         version = (await self.store.get_policy()).version
         clock = await self.store.pool_clock()
         posts = await self.store.posteriors(pids)
-        chosen, skipped = [], 0
-        for pid, post in zip(pids, posts):
+        keep = (await self._greso_keeps(posts, version, clock) if s.selection == "greso"
+                else [True] * len(pids))
+        chosen, skipped = [], sum(not kept for kept in keep)
+        for pid, post in (pair for pair, kept in zip(zip(pids, posts), keep) if kept):
             a, b = self._posterior_now(post, version, clock)
             if s.selection == "history" and self._start_chance(post, a, b, version,
                                                                clock) < s.tau_skip:
@@ -197,6 +205,17 @@ class Scheduler:
                 continue
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
+
+    async def _greso_keeps(self, posts: list[dict | None], version: int, clock: float
+                           ) -> list[bool]:
+        """GRESO's pre-rollout filter, prompt by prompt: kept with chance max(p^c, floor) after
+        c zero-variance groups in a row (selection.greso_keep_chance); the rates adapt once per
+        policy version, from the pool's second epoch on, as GRESO's do from its second."""
+        params = self._greso
+        p_easy, p_hard = await self.store.greso_rates(version, clock >= 1.0, params)
+        return [self._rng.random() < greso_keep_chance(
+                    *greso_streak((post or {}).get(PosteriorField.observations) or []),
+                    p_easy, p_hard, params) for post in posts]
 
     def _start_chance(self, post: dict | None, a: float, b: float, version: int,
                       clock: float) -> float:
@@ -233,7 +252,7 @@ class Scheduler:
     async def _select_prompts(self, count: int) -> list[str]:
         """The next `count` prompts: from the epoch queue, or the best of a random pool."""
         s = self.settings
-        if s.selection in ("epoch", "history"):
+        if s.selection in EPOCH_ORDER:
             return await self.store.pop_epoch(count, s.seed, shuffled)
         pool = await self.store.random_prompts(count * s.selection_pool)
         version = (await self.store.get_policy()).version
@@ -264,19 +283,26 @@ class Scheduler:
                        tuple(_new_id("g") for _ in range(count)))
 
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
-        """Open enough new groups to supply about `rollouts_wanted` rollouts, flow permitting."""
+        """Open enough new groups to supply about `rollouts_wanted` rollouts, flow permitting.
+        When a selection skipped every prompt of a draw (history, GRESO), it draws again, up to
+        SKIP_REDRAWS times, so a filter that skips most prompts does not answer a lease empty
+        while the epoch still holds prompts it would keep."""
         per_group = max(1, self._prior_plan.initial_issue)
         count = min(self.flow_target, math.ceil(rollouts_wanted / per_group))
-        pids = await self._select_prompts(count)
-        if not pids:
-            return 0
-        plans, skipped = await self._plans_for(pids)
-        opened = await self.store.open_groups(now, self.flow_target, plans, self.settings.commit,
-                                              skipped, self.settings.audit_fraction,
-                                              self.settings.seed)
-        if self.settings.selection in ("epoch", "history"):
-            await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
-        return opened
+        for _ in range(SKIP_REDRAWS):
+            pids = await self._select_prompts(count)
+            if not pids:
+                return 0
+            plans, skipped = await self._plans_for(pids)
+            opened = await self.store.open_groups(now, self.flow_target, plans,
+                                                  self.settings.commit, skipped,
+                                                  self.settings.audit_fraction,
+                                                  self.settings.seed)
+            if self.settings.selection in EPOCH_ORDER:
+                await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
+            if opened or not skipped or plans:
+                return opened
+        return 0
 
     # --- workers ---------------------------------------------------------------------------------
 

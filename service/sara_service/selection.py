@@ -20,6 +20,12 @@ that short history; the scheduler draws a candidate pool and keeps the best-scor
   levels, from its (decayed) Dirichlet, scored by the chance that a group of k drawn with them
   does not land all on one level; with two levels that orders prompts exactly as the distance
   from 0.5 does.
+- GRESO (arXiv 2506.02177): prompts in epoch order, each skipped before any rollout with
+  probability 1 - max(p^c, 0.01), c its zero-variance groups in a row at the end of its history
+  (p_easy after all-success groups, p_hard after all-fail ones); the two rates step by 0.01 per
+  policy version toward a target share of zero-variance groups (`GresoParams`). GRESO reads a
+  group's mean reward (>= 0.98 easy; at most its format-only reward, hard); here a group's
+  outcome class does, and a group SARA abandoned counts on the side of its pure prefix.
 """
 
 from __future__ import annotations
@@ -158,3 +164,65 @@ def top_by_score(candidates: Sequence[str], scores: Sequence[float], count: int,
     """The `count` best-scored candidates; ties broken at random so no prompt is favoured."""
     order = sorted(range(len(candidates)), key=lambda i: (-scores[i], rng.random()))
     return [candidates[i] for i in order[:count]]
+
+
+# --- GRESO -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GresoParams:
+    """GRESO's (arXiv 2506.02177) pre-rollout filter. A prompt whose last `c` groups were all
+    successes ('easy') is skipped with probability 1 - max(p_easy^c, floor), one whose last c
+    were all failures ('hard') with 1 - max(p_hard^c, floor). Once per policy version the two
+    exploration rates move by `step` toward a target share of zero-variance groups, `target`
+    split one third easy, two thirds hard (hard prompts are the likelier to change as the policy
+    improves), within [p_min, p_max]."""
+
+    target: float = 0.25
+    p_start: float = 0.5
+    p_min: float = 0.05
+    p_max: float = 0.95
+    step: float = 0.01
+    floor: float = 0.01
+
+    @property
+    def target_easy(self) -> float:
+        return self.target / 3
+
+    @property
+    def target_hard(self) -> float:
+        return self.target * 2 / 3
+
+
+def greso_streak(observations: Sequence[Sequence]) -> tuple[str, int]:
+    """The prompt's trailing run of zero-variance groups: ('S', c) for c all-success groups in a
+    row at the end of its history, ('F', c) for all-fail, ('M', 0) after a mixed group or with
+    no history. An abandoned group counts as the pure side its prefix was on."""
+    ordered = sorted(observations, key=lambda o: int(o[0]))   # stable within a version
+    if not ordered or str(ordered[-1][1]) == "M":
+        return "M", 0
+    side = str(ordered[-1][1])
+    count = 0
+    for obs in reversed(ordered):
+        if str(obs[1]) != side:
+            break
+        count += 1
+    return side, count
+
+
+def greso_keep_chance(side: str, count: int, p_easy: float, p_hard: float,
+                      params: GresoParams = GresoParams()) -> float:
+    """P(GRESO keeps a prompt whose history ends in `count` groups on `side`)."""
+    if side == "M" or count <= 0:
+        return 1.0
+    p = p_easy if side == "S" else p_hard
+    return max(p ** count, params.floor)
+
+
+def greso_adapt(p: float, share: float, target: float, params: GresoParams = GresoParams()
+                ) -> float:
+    """One step of an exploration rate: down (skip more) when the step's share of that kind of
+    zero-variance group reached its target, up otherwise. greso_step.lua applies the same rule."""
+    if share >= target:
+        return max(p - params.step, params.p_min)
+    return min(p + params.step, params.p_max)

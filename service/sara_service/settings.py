@@ -12,7 +12,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
-SelectionPolicy = Literal["epoch", "history", "dps", "mopps"]
+SelectionPolicy = Literal["epoch", "history", "dps", "mopps", "greso"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
 EffectiveView = Literal["outcome", "reward"]
@@ -91,6 +91,16 @@ class Settings(BaseSettings):
     dps_censored: bool = Field(True, description="DPS sees an abandoned group as the prefix it "
                                "saw (soft F/M or S/M), not as a full all-fail/all-success group.")
     mopps_target: float = Field(0.5, ge=0.0, le=1.0, description="MoPPS target success rate.")
+    greso_target: float = Field(
+        0.25, ge=0.0, le=1.0, description="GRESO's target share of zero-variance groups (one "
+                                          "third all-success, two thirds all-fail).")
+    greso_p_start: float = Field(0.5, gt=0.0, le=1.0, description="GRESO's exploration rates "
+                                 "at the start: a prompt after c zero-variance groups in a row "
+                                 "is kept with chance max(p^c, 0.01).")
+    greso_p_min: float = Field(0.05, gt=0.0, le=1.0, description="GRESO's rates' lower bound.")
+    greso_p_max: float = Field(0.95, gt=0.0, le=1.0, description="GRESO's rates' upper bound.")
+    greso_step: float = Field(0.01, ge=0.0, le=0.5,
+                              description="GRESO's rate change per policy version.")
 
     batch_size: int = Field(32, ge=1, le=4096)
     prefetch_batches: int = Field(2, ge=1, le=64)
@@ -139,6 +149,10 @@ class Settings(BaseSettings):
                 f"SARA_AUTO_PRICE={self.auto_price} prices the cost-aware thresholds, but "
                 f"SARA_TAU_LOW={self.tau_low} is fixed: set SARA_TAU_LOW=auto, or leave "
                 "SARA_AUTO_PRICE at rollouts")
+        if not self.greso_p_min <= self.greso_p_start <= self.greso_p_max:
+            raise ValueError(
+                f"SARA_GRESO_P_START={self.greso_p_start:g} must lie within SARA_GRESO_P_MIN="
+                f"{self.greso_p_min:g} and SARA_GRESO_P_MAX={self.greso_p_max:g}")
         if self.effective == "reward":
             return self._reward_view_can_run()
         if self.tau_low == "auto":

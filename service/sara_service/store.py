@@ -7,6 +7,9 @@ KEYS/ARGV order, is in `redis_format`, and every script call is built from that 
 Every method takes `now` from the caller (the scheduler's injected clock), so scripts never read
 Redis' own TIME and tests can move time by hand. Domain errors are raised here; Redis being
 unreachable surfaces as `StoreUnavailable`.
+
+It is past 400 lines because it holds one method per state-changing script, and those belong
+together: each is a thin call of its script, and reading them side by side shows every write.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sara_client.models import PolicyInfo, PromptIn, RolloutResult, prompt_json
 
 from . import redis_format as rf
 from .allocation import GroupPlan
+from .selection import GresoParams
 from .errors import Conflict, NotFound, UnknownRollouts
 from .keys import Keys, rollout_id, split_rollout_id
 from .redis_format import SCRIPTS, GroupField, Reply
@@ -365,6 +369,17 @@ class Store(RunControl, StoreReads):
                            f"version {version} is not newer than the current "
                            f"{stored_int(out[1])}")
         return PolicyInfo(version=version, checkpoint=checkpoint)
+
+    @unavailable_on_redis_error
+    async def greso_rates(self, version: int, adapt: bool, params: GresoParams
+                          ) -> tuple[float, float]:
+        """GRESO's (p_easy, p_hard) at policy `version`, stepped once when the version moved on
+        (and `adapt`), atomically across replicas (greso_step.lua)."""
+        out = await self._script("greso_step", dict(
+            version=version, adapt=int(adapt), p_start=repr(params.p_start),
+            p_min=repr(params.p_min), p_max=repr(params.p_max), step=repr(params.step),
+            target_easy=repr(params.target_easy), target_hard=repr(params.target_hard)))
+        return float(text(out[0])), float(text(out[1]))
 
     @unavailable_on_redis_error
     async def collect_garbage(self, now: float, limit: int = 200) -> int:

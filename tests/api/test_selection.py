@@ -71,3 +71,24 @@ async def test_an_infinite_half_life_is_served_and_shown(make_api):
     assert (await api.stats())["config"]["posterior_half_life"] == "inf"
     posterior = (await api.prompt("m"))["posterior"]
     assert posterior["alpha"] > 1 and posterior["beta"] > 1 and posterior["epoch"] > 0
+
+
+async def test_greso_skips_prompts_whose_groups_keep_saturating(make_api):
+    # GRESO keeps a prompt after c zero-variance groups in a row with chance max(p^c, 0.01):
+    # the saturated prompts of POOL fall out of the epochs, the mixed ones never do.
+    epoch_waste, _ = await _wasted_groups(make_api, selection="epoch")
+    waste, mixed = await _wasted_groups(make_api, selection="greso")
+    assert mixed >= 24
+    assert waste < 0.75 * epoch_waste, (waste, epoch_waste)
+
+
+async def test_group_ends_are_counted_by_outcome(make_api):
+    api = await make_api(batch_size=2, prefetch_batches=1)
+    await api.add(prompt_spec("f", "fail"), prompt_spec("s", "success"),
+                  prompt_spec("m", "mixed"))
+    await _train_rounds(api, 3)
+    counters = await api.counters()
+    groups = {name: (await api.prompt(name))["history"]["groups"] for name in "fsm"}
+    assert counters["groups_ended_all_fail"] == groups["f"] > 0
+    assert counters["groups_ended_all_success"] == groups["s"] > 0
+    assert counters["groups_ended_mixed"] == groups["m"] > 0

@@ -218,8 +218,11 @@ end
 -- layer learns from: 'F' all-fail, 'M' mixed, 'S' all-success (the side a pure group ended on).
 -- An abandoned group also records q, its chance of having ended mixed (rounded to 1e-6 so the
 -- entry stays short and Python's mirror rounds alike): DPS reads it as a censored observation.
+-- Every group end is also counted by class (groups_ended_*): GRESO's rates adapt to their shares.
 local MAX_OBSERVATIONS = 16
+local ENDED = {F = 'groups_ended_all_fail', M = 'groups_ended_mixed', S = 'groups_ended_all_success'}
 local function record_outcome(pid, field, outcome, q)
+  count_up(ENDED[outcome], 1)
   local p = posts[pid]
   if not p then return end
   p[field] = (p[field] or 0) + 1
