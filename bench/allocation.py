@@ -136,8 +136,9 @@ class Method:
 
     @property
     def modelled(self) -> bool:
-        """The reference model covers it (not tau_low=auto: see `AUTO_NOTE`)."""
-        return self.tau != "auto"
+        """The reference model covers it (not tau_low=auto: see `AUTO_NOTE`; not GRESO, whose
+        rates step on the service's own counters: its expectation is its own seeds' spread)."""
+        return self.tau != "auto" and self.selection != "greso"
 
     @property
     def abandons(self) -> bool:
@@ -164,6 +165,9 @@ METHODS = {m.key: m for m in (
     Method("sara-auto", "SARA auto", "sara", tau="auto"),
     # issue 25 item 4: the same rule priced in tokens (the sim's failures run longer)
     Method("sara-auto-tokens", "SARA auto tok", "sara", tau="auto", auto_price="tokens"),
+    # issue 27: GRESO's pre-rollout filter (opt-in), alone on DS and under SARA
+    Method("greso", "GRESO (DS)", "dynamic_sampling", selection="greso"),
+    Method("sara-greso", "SARA+GRESO", "sara", selection="greso", tau=0.5),
 )}
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
