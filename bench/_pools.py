@@ -3,6 +3,8 @@
 Pools
 -----
 - ``standard``: `sara_service.pools.standard_pool` (30% γ = 0, 25% γ = 1, 45% γ ~ Beta(2, 2)).
+- a pool file (`--pool-file FILE.jsonl`): one `POST /prompts` item a line, γ in
+  ``meta.p_success``, fixed for the run.
 - ``drifting``: the same prompts, but every prompt that is not solved improves linearly with
   training: at policy version v, γ_v = min(1, γ_0 + drift · v / V) for γ_0 < 1 (γ_0 = 1 stays 1),
   V = policy versions per epoch. The hopeless prompts (γ_0 = 0) become learnable, the learnable
@@ -39,6 +41,7 @@ independently of `sara_service.allocation` (the test checks the two agree).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -89,9 +92,43 @@ def drifted(gamma0: float, drift: float, epochs: float) -> float:
     return min(1.0, gamma0 + drift * max(epochs, 0.0))
 
 
+def load_pool_file(path: str) -> list[dict]:
+    """A pool's prompts from a JSONL file, one `POST /prompts` item a line with its success
+    chance in ``meta.p_success``; a bad line raises ValueError naming the line and the fix."""
+    prompts, seen = [], set()
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg})") from None
+            if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                raise ValueError(f"{where}: each line needs a string 'id' (POST /prompts shape)")
+            gamma = (item.get("meta") or {}).get("p_success")
+            if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not (
+                    0.0 <= gamma <= 1.0):
+                raise ValueError(f"{where}: meta.p_success must be a number in [0, 1], got "
+                                 f"{gamma!r}")
+            if item["id"] in seen:
+                raise ValueError(f"{where}: id {item['id']!r} appears twice")
+            seen.add(item["id"])
+            # the bench's sim worker draws each reward from p_success, whatever the task was
+            prompts.append({"prompt": item.get("prompt", item["id"]), **item, "task": "sim"})
+    if not prompts:
+        raise ValueError(f"{path}: no prompts in the file")
+    return prompts
+
+
 def make_pool(name: str, n: int, seed: int, drift: float = DEFAULT_DRIFT,
-              versions_per_epoch: float = 1.0) -> Pool:
-    """The `standard` pool of `n` prompts, or the `drifting` one over the same prompts."""
+              versions_per_epoch: float = 1.0, pool_file: str = "") -> Pool:
+    """The `standard` pool of `n` prompts, or the `drifting` one over the same prompts; with
+    `pool_file`, the file's prompts as they are (their own γ, no drift)."""
+    if pool_file:
+        prompts = load_pool_file(pool_file)
+        return Pool(name, prompts, {p["id"]: float(p["meta"]["p_success"]) for p in prompts})
     if name not in POOLS:
         raise ValueError(f"pool must be one of {', '.join(POOLS)}; got {name!r}")
     prompts = standard_pool(n, seed)

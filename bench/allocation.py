@@ -92,8 +92,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import git_state  # noqa: E402  (bench/ is not a package)
 from _shutdown import unstick_shutdown  # noqa: E402
 from _pools import (  # noqa: E402  (bench/ is not a package)
-    DEFAULT_DRIFT, EPOCHS_PER_RUN, POOLS, Lengths, Pool, expectation, make_pool, p_eff_pure,
-    thresholds,
+    DEFAULT_DRIFT, EPOCHS_PER_RUN, POOLS, Lengths, Pool, expectation, load_pool_file, make_pool,
+    p_eff_pure, thresholds,
 )
 from sara_client.models import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE, Rollout, SamplingParams  # noqa: E402
 from sara_service.allocation import plan_group  # noqa: E402  (flow-control weights only)
@@ -192,6 +192,7 @@ class Config:
     """One benchmark configuration (one pool, one k); see the CLI flags."""
 
     pool: str = "standard"
+    pool_file: str = ""        # --pool-file: the pool's prompts from this JSONL, `pool` its name
     k: int = 16
     groups: int = 2048            # effective groups to collect per method
     prompts: int = 1024
@@ -215,7 +216,8 @@ class Config:
         return max(1.0, self.groups / self.batch_size / EPOCHS_PER_RUN)
 
     def make_pool(self) -> Pool:
-        return make_pool(self.pool, self.prompts, self.seed, self.drift, self.versions_per_epoch)
+        return make_pool(self.pool, self.prompts, self.seed, self.drift, self.versions_per_epoch,
+                         self.pool_file)
 
     def memory(self, method: Method) -> tuple[float, float]:
         """(λ per policy version, half-life in epochs of the pool) in force for `method`."""
@@ -1573,6 +1575,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pool", default="standard,drifting",
                    help="comma list of: " + ", ".join(POOLS))
+    p.add_argument("--pool-file", default="", metavar="FILE.jsonl",
+                   help="run on this pool instead of --pool: one POST /prompts item a line, "
+                        "its success chance in meta.p_success (all its prompts, no drift)")
     p.add_argument("--k", default="8,16", help="comma list of group sizes")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma list of: " + ", ".join(DEFAULT_METHODS)
@@ -1624,13 +1629,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def configs(args: argparse.Namespace) -> list[Config]:
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
-    return [Config(pool=pool.strip(), k=int(k), groups=args.groups, prompts=args.prompts,
+    pools, prompts = args.pool.split(","), args.prompts
+    if args.pool_file:
+        try:
+            prompts = len(load_pool_file(args.pool_file))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--pool-file: {e}") from None
+        pools = [f"file:{Path(args.pool_file).stem}"]
+    return [Config(pool=pool.strip(), pool_file=args.pool_file, k=int(k), groups=args.groups,
+                   prompts=prompts,
                    seed=seed, batch_size=args.batch_size,
                    prefetch_batches=args.prefetch_batches,
                    posterior_decay=args.posterior_decay,
                    posterior_half_life=args.posterior_half_life, audit_fraction=args.audit,
                    dps_decay=args.dps_decay, drift=args.drift, model_reps=args.model_reps)
-            for pool in args.pool.split(",") for k in args.k.split(",") for seed in seeds]
+            for pool in pools for k in args.k.split(",") for seed in seeds]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1642,7 +1655,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     cfgs = configs(args)
     for cfg in cfgs:
-        if cfg.pool not in POOLS:
+        if cfg.pool not in POOLS and not cfg.pool_file:
             raise SystemExit(f"unknown pool {cfg.pool!r}; choose from {', '.join(POOLS)}")
     if args.grid and "sara-auto" not in methods:
         methods.append("sara-auto")

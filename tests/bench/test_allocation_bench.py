@@ -257,3 +257,53 @@ def test_grid_region_keeps_the_closed_form_best():
     assert 1 <= len(near) < len(everything) and all(c in everything for c in near)
     assert (3, 3) in [limits for limits, _ in near]        # the best plan on this pool
     assert bench.near_classes(cfgs, 10.0) == everything
+
+
+def _write_pool(path: Path, gammas: list[float]) -> Path:
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"question {i}", "task": "math",
+                                        "meta": {"p_success": g}}) + "\n"
+                            for i, g in enumerate(gammas)))
+    return path
+
+
+def test_a_pool_file_runs_the_league_keys_on_its_own_success_chances(tmp_path):
+    """--pool-file: the file's prompts and their meta.p_success are the pool, exactly (a pool
+    of only hopeless and solved prompts but one column of mixed ones); GRESO runs on it under
+    the league's keys and keeps today's JSON shape."""
+    rng = random.Random(3)
+    gammas = [0.0] * 40 + [1.0] * 40 + [rng.uniform(0.2, 0.8) for _ in range(48)]
+    pool = _write_pool(tmp_path / "pool.jsonl", gammas)
+    prefix = tmp_path / "league"
+    code = bench.main(["--pool-file", str(pool), "--k", "8", "--methods", "ds,greso",
+                       "--groups", "192", "--model-reps", "0", "--no-progress",
+                       "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    assert rows["ds"]["pool"] == "file:pool"
+    ds, greso = rows["ds"]["measured"], rows["greso"]["measured"]
+    # exact on the file's γ: DS pays for every saturated group of the 80 pure prompts
+    assert ds["rollouts_per_effective"] == pytest.approx(
+        rows["ds"]["exact"]["rollouts_per_effective"], rel=0.15)
+    # GRESO skips the prompts that keep coming back pure, so it opens fewer groups for them
+    assert greso["rollouts_per_effective"] < 0.8 * ds["rollouts_per_effective"]
+    assert greso["counters"]["groups_skipped"] > 0 and greso["n_violations"] == 0
+
+
+@pytest.mark.parametrize("line, fix", [
+    ('{"id": "a", "meta": {"p_success": 1.5}}', "meta.p_success must be a number in [0, 1]"),
+    ('{"id": "a", "meta": {}}', "meta.p_success must be a number in [0, 1]"),
+    ('{"prompt": "no id", "meta": {"p_success": 0.5}}', "needs a string 'id'"),
+    ('not json', "not JSON"),
+])
+def test_a_bad_pool_file_is_refused_with_its_line_and_the_fix(tmp_path, line, fix):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "ok", "meta": {"p_success": 0.5}}\n' + line + "\n")
+    with pytest.raises(SystemExit, match=rf"line 2: .*{fix[:20]}"):
+        bench.main(["--pool-file", str(path), "--methods", "ds", "--no-write"])
+
+
+def test_a_pool_file_with_a_repeated_id_is_refused(tmp_path):
+    path = _write_pool(tmp_path / "dup.jsonl", [0.5, 0.5])
+    path.write_text(path.read_text() + '{"id": "q0", "meta": {"p_success": 0.1}}\n')
+    with pytest.raises(SystemExit, match="appears twice"):
+        bench.main(["--pool-file", str(path), "--methods", "ds", "--no-write"])
