@@ -116,7 +116,7 @@ def load_pool_file(path: str) -> list[dict]:
                 raise ValueError(f"{where}: id {item['id']!r} appears twice")
             seen.add(item["id"])
             # the bench's sim worker draws each reward from p_success, whatever the task was
-            prompts.append({"prompt": item.get("prompt", item["id"]), **item, "task": "sim"})
+            prompts.append({**item, "prompt": item.get("prompt", item["id"]), "task": "sim"})
     if not prompts:
         raise ValueError(f"{path}: no prompts in the file")
     return prompts

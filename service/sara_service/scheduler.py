@@ -190,10 +190,13 @@ class Scheduler:
         version = (await self.store.get_policy()).version
         clock = await self.store.pool_clock()
         posts = await self.store.posteriors(pids)
-        keep = (await self._greso_keeps(posts, version, clock) if s.selection == "greso"
-                else [True] * len(pids))
-        chosen, skipped = [], sum(not kept for kept in keep)
-        for pid, post in (pair for pair, kept in zip(zip(pids, posts), keep) if kept):
+        keeps = (await self._greso_keeps(posts, version, clock) if s.selection == "greso"
+                 else [True] * len(pids))
+        chosen, skipped = [], 0
+        for pid, post, kept in zip(pids, posts, keeps):
+            if not kept:
+                skipped += 1
+                continue
             a, b = self._posterior_now(post, version, clock)
             if s.selection == "history" and self._start_chance(post, a, b, version,
                                                                clock) < s.tau_skip:
@@ -300,7 +303,7 @@ class Scheduler:
                                                   self.settings.seed)
             if self.settings.selection in EPOCH_ORDER:
                 await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
-            if opened or not skipped or plans:
+            if plans or not skipped:
                 return opened
         return 0
 

@@ -24,8 +24,8 @@ that short history; the scheduler draws a candidate pool and keeps the best-scor
   probability 1 - max(p^c, 0.01), c its zero-variance groups in a row at the end of its history
   (p_easy after all-success groups, p_hard after all-fail ones); the two rates step by 0.01 per
   policy version toward a target share of zero-variance groups (`GresoParams`). GRESO reads a
-  group's mean reward (>= 0.98 easy; at most its format-only reward, hard); here a group's
-  outcome class does, and a group SARA abandoned counts on the side of its pure prefix.
+  group's mean reward (a threshold of 0.98 for easy); here a group's outcome class does, and
+  a group SARA abandoned counts on the side of its pure prefix.
 """
 
 from __future__ import annotations
