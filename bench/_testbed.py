@@ -36,11 +36,13 @@ METHODS: dict[str, dict[str, Any]] = {
     "dps": {"policy": "dynamic_sampling", "selection": "dps"},
     "mopps": {"policy": "dynamic_sampling", "selection": "mopps"},
     "sara_dps": {"policy": "sara", "tau_low": 0.5, "selection": "dps"},
+    "greso": {"policy": "dynamic_sampling", "selection": "greso"},
+    "sara_greso": {"policy": "sara", "tau_low": 0.5, "selection": "greso"},
 }
 LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
           "sara_history": "SARA + history", "dps": "DPS", "mopps": "MoPPS",
-          "sara_dps": "SARA + DPS"}
+          "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO"}
 # the methods the protocol runs on five seeds; the rest on three
 PRINCIPAL = ("ds", "sara", "sara_dps", "uniform_matched")
 STATES = ("all_fail", "mixed", "all_success")

@@ -20,7 +20,7 @@ curve (linear between evaluations); the table gives the mean over seeds with a 9
 and each method's ratio to DS (per seed, then averaged).
 
 The learning testbed and its fair protocol (every method at its own learning rate, B groups a
-step, uniform also at matched signal, nine methods) are ``--testbed`` (``bench/_testbed_cli.py``
+step, uniform also at matched signal, eleven methods) are ``--testbed`` (``bench/_testbed_cli.py``
 says how; docs/benchmarks.md has the recorded run).
 
 Usage:

@@ -124,7 +124,8 @@ def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
         ("sara", "epoch", (("tau_low", 0.5),)), ("sara", "epoch", (("tau_low", "auto"),)),
         ("sara", "epoch", (("prior", "history"), ("tau_low", 0.5))),
         ("dynamic_sampling", "dps", ()), ("dynamic_sampling", "mopps", ()),
-        ("sara", "dps", (("tau_low", 0.5),))}
+        ("sara", "dps", (("tau_low", 0.5),)), ("dynamic_sampling", "greso", ()),
+        ("sara", "greso", (("tau_low", 0.5),))}
     shared = {(c.seed, c.lr, c.batch_groups, c.group_size, c.rollout_budget,
                tuple(sorted(c.trainer_options.items()))) for c in configs.values()}
     assert len(shared) == 1
