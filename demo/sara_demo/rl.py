@@ -9,6 +9,7 @@ bridge (:class:`sara_client.local.BlockingClient`), so nothing listens on a port
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -76,7 +77,9 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
     stats, the worker's counters, one history entry per step, the held-out evaluations).
 
     ``evaluator(model, tokenizer)`` replaces the held-out evaluation (its dict, with at least
-    ``accuracy``, goes into each evaluation record); ``batch_size(history)`` chooses how many
+    ``accuracy``, goes into each evaluation record; or a ``concurrent.futures.Future`` of that
+    dict, for an evaluation that runs elsewhere while training goes on: those are waited for
+    after the last step, in order); ``batch_size(history)`` chooses how many
     groups each step asks for (see :class:`sara_trainer.loop.Trainer`); ``on_end(client)`` is
     awaited after the last step, while the scheduler still holds the run's state (per-prompt
     counts, say)."""
@@ -91,6 +94,7 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
             await client.add_prompts(prompts[i:i + 1000])
         trainer, counters, out_of_time = await _train_and_work(cfg, tcfg, client, backend, steps,
                                                                deadline, batch_size)
+        await asyncio.to_thread(steps.resolve)
         if on_end is not None:
             await on_end(client)
         stats = await client.stats()
@@ -201,6 +205,8 @@ class _StepLog:
                           label, "rollouts" if self.by_rollouts else "steps")
         # RL wall time without the held-out evaluations (they pause the trainer, not the worker)
         self.rollouts, self.tokens, self.eval_s = 0, 0, 0.0
+        # evaluations running elsewhere: (their record, the future of their figures)
+        self.pending: list[tuple[dict[str, Any], concurrent.futures.Future]] = []
         self.start = time.perf_counter()
         # each arm's own run, outside the work dir the next demo deletes: TensorBoard
         # (--logdir OUT/runs), W&B, ... chart SARA and DS side by side
@@ -215,14 +221,16 @@ class _StepLog:
         self.training_s += report.seconds
         entry = self._entry(report)
         if _eval_due(self.cfg, report.step, self.rollouts, self.evals):
-            entry["heldout_accuracy"] = self._evaluate(report.step, entry["seconds_cum"])
+            value = self._evaluate(report.step, entry["seconds_cum"])
+            if value is not None:
+                entry["heldout_accuracy"] = value
         if self.cfg.rollout_budget and self.rollouts >= self.cfg.rollout_budget:
             self.budget_spent.set()
             self.stop.set()
         self.history.append(entry)
         done = min(self.rollouts, self.cfg.rollout_budget) if self.by_rollouts else report.step
-        self.bars.update(completed=done, step=report.step,
-                         acc=f"{100 * self.evals[-1]['accuracy']:.1f}%")
+        known = [e["accuracy"] for e in self.evals if "accuracy" in e]
+        self.bars.update(completed=done, step=report.step, acc=f"{100 * known[-1]:.1f}%")
 
     def _entry(self, report: Any) -> dict[str, Any]:
         st, m = report.batch_stats, report.metrics
@@ -241,8 +249,9 @@ class _StepLog:
                 "staleness_mean": m.get("staleness_mean"),
                 "staleness_max": m.get("staleness_max")}
 
-    def _evaluate(self, step: int, seconds_cum: float) -> float:
-        """Held-out accuracy now (its time is not RL time); recorded and reported."""
+    def _evaluate(self, step: int, seconds_cum: float) -> float | None:
+        """Held-out accuracy now (its time is not RL time); recorded and reported. None when
+        the evaluator runs elsewhere: :meth:`resolve` fills its record in later."""
         started = time.perf_counter()
         if self.evaluator is not None:
             found = self.evaluator(self.trainer.model, self.trainer.tokenizer)
@@ -250,13 +259,26 @@ class _StepLog:
             found = {"accuracy": heldout_accuracy(self.trainer.model, self.trainer.tokenizer,
                                                   self.eval_set,
                                                   self.cfg.max_new_tokens)["accuracy"]}
-        value = found["accuracy"]
         self.eval_s += time.perf_counter() - started
-        self.evals.append({**found, "step": step, "rollouts_cum": self.rollouts,
-                           "tokens_cum": self.tokens, "seconds_cum": seconds_cum,
-                           "generation_s": self.generation_s(), "training_s": self.training_s})
-        self.reporter.log_eval(step, {"heldout_accuracy": value, "rollouts_cum": self.rollouts})
-        return value
+        record = {"step": step, "rollouts_cum": self.rollouts, "tokens_cum": self.tokens,
+                  "seconds_cum": seconds_cum, "generation_s": self.generation_s(),
+                  "training_s": self.training_s}
+        self.evals.append(record)
+        if isinstance(found, concurrent.futures.Future):
+            self.pending.append((record, found))
+            return None
+        record.update(found)
+        self.reporter.log_eval(step, {"heldout_accuracy": found["accuracy"],
+                                      "rollouts_cum": self.rollouts})
+        return found["accuracy"]
+
+    def resolve(self) -> None:
+        """Wait for the evaluations that ran elsewhere and fill in their records, in order."""
+        for record, found in self.pending:
+            record.update(found.result())
+            self.reporter.log_eval(record["step"], {"heldout_accuracy": record["accuracy"],
+                                                    "rollouts_cum": record["rollouts_cum"]})
+        self.pending.clear()
 
     def generation_s(self) -> float:
         """The engine's generation seconds so far (the hf backend's busy time; 0 for a backend

@@ -1,0 +1,69 @@
+"""Evaluations in a child process (sara_demo.eval_process): the same figures as on the caller's
+thread, the weights as they were when submitted, and a child that cannot start is an error, not
+a wait."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sara_demo.eval_process import PolicyEvaluator  # noqa: E402
+from sara_demo.evaluate import greedy_accuracy, group_kinds  # noqa: E402
+from sara_demo.tasks.arith import make_eval_set  # noqa: E402
+from sara_demo.testbed import training_pool, verified_testbed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def start():
+    return str(verified_testbed())
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return make_eval_set(60, seed=0), training_pool(200, 0)[:12]
+
+
+def test_the_childs_figures_are_those_of_the_callers_thread(start, splits):
+    from sara_trainer.policy import load_policy
+
+    judged, probe = splits
+    model, tokenizer = load_policy(start)
+    with PolicyEvaluator(start, judged, probe, k=4) as evaluator:
+        apart = evaluator.submit(model, generator_seed=7).result(timeout=120)
+    here = greedy_accuracy(model, tokenizer, judged)
+    kinds = group_kinds(model, tokenizer, probe, k=4, generator=torch.Generator().manual_seed(7))
+    assert apart == {"accuracy": here["accuracy"], "n": 60, "kinds": kinds}
+    assert set(kinds) <= {"all_fail", "mixed", "all_success"} and len(kinds) == 12
+
+
+def test_the_weights_are_copied_when_submitted(start, splits):
+    from sara_trainer.policy import load_policy
+
+    judged, probe = splits
+    model, tokenizer = load_policy(start)
+    with PolicyEvaluator(start, judged, probe, k=2) as evaluator:
+        first = evaluator.submit(model, generator_seed=0)
+        with torch.no_grad():   # the trainer goes on changing them right after
+            for p in model.parameters():
+                p.zero_()
+        zeroed = evaluator.submit(model, generator_seed=0)
+        first, zeroed = first.result(timeout=120), zeroed.result(timeout=120)
+    assert first["accuracy"] > 0.2            # the warm start's, not the zeroed model's
+    assert zeroed["accuracy"] == 0.0
+    assert first["accuracy"] == greedy_accuracy(*load_policy(start), judged)["accuracy"]
+
+
+def test_a_child_that_cannot_start_fails_the_evaluation(tmp_path, splits, start):
+    from sara_trainer.policy import load_policy
+
+    model, _ = load_policy(start)
+    evaluator = PolicyEvaluator(str(tmp_path / "missing"), *splits, k=2)
+    try:
+        pending = evaluator.submit(model, generator_seed=0)
+        with pytest.raises(concurrent.futures.process.BrokenProcessPool):
+            pending.result(timeout=120)
+    finally:
+        evaluator.close()
