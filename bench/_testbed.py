@@ -16,6 +16,7 @@ method alike; from it come the saturation fractions and the prompts' moves betwe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -43,6 +44,10 @@ LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched sign
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
           "sara_history": "SARA + history", "dps": "DPS", "mopps": "MoPPS",
           "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO"}
+# where a run's evaluations ran: in a child process while training went on. The recordings
+# before this (on the trainer's thread, which paused for each) have no such field; their seconds
+# are not comparable, so a resumed recording does not reuse them
+EVALUATION = "child process"
 # the methods the protocol runs on five seeds; the rest on three
 PRINCIPAL = ("ds", "sara", "sara_dps", "uniform_matched")
 STATES = ("all_fail", "mixed", "all_success")
@@ -88,24 +93,25 @@ def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
     judged = test_set(protocol.test_size) if split == "test" else validation_set(
         protocol.val_size, pool)
     probe = pool[:protocol.probe_size]
-    evaluator = _Evaluator(judged, probe, protocol.k, seed)
-    model, tokenizer = _load(start)
-    before = evaluator(model, tokenizer)
-    del model
-    cfg, sizer = _demo_config(method, seed, lr, protocol, work), None
-    if METHODS[method].get("matched"):
-        mixed = 1.0 - before["frac_all_fail"] - before["frac_all_success"]
-        cap = matched_cap(protocol, mixed)
-        cfg = dataclasses.replace(cfg, batch_groups=cap)   # the scheduler's flow target
-        sizer = _matched_sizer(protocol, mixed, cap)
-    buckets = BucketCounts(pool)
-    trainer, stats, _, history, evals = asyncio.run(run_rl(
-        cfg, work, start, pool, judged, before, started + protocol.time_budget_s,
-        evaluator=evaluator, batch_size=sizer, on_end=buckets.read))
-    _final_eval(evaluator, trainer, history, evals)
+    with _Evaluator(start, judged, probe, protocol.k, seed) as evaluator:
+        model, tokenizer = _load(start)
+        before = evaluator(model, tokenizer).result()
+        del model
+        cfg, sizer = _demo_config(method, seed, lr, protocol, work), None
+        if METHODS[method].get("matched"):
+            mixed = 1.0 - before["frac_all_fail"] - before["frac_all_success"]
+            cap = matched_cap(protocol, mixed)
+            cfg = dataclasses.replace(cfg, batch_groups=cap)   # the scheduler's flow target
+            sizer = _matched_sizer(protocol, mixed, cap)
+        buckets = BucketCounts(pool)
+        trainer, stats, _, history, evals = asyncio.run(run_rl(
+            cfg, work, start, pool, judged, before, started + protocol.time_budget_s,
+            evaluator=evaluator, batch_size=sizer, on_end=buckets.read))
+        _final_eval(evaluator, trainer, history, evals)
     seconds = time.perf_counter() - started
     record = _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
-    return {**record, "start": warm_start_identity(start), "by_bucket": buckets.counts}
+    return {**record, "start": warm_start_identity(start), "by_bucket": buckets.counts,
+            "evaluation": EVALUATION}
 
 
 def warm_start_identity(directory: str | Path) -> dict[str, Any]:
@@ -169,26 +175,41 @@ def _load(directory: str):
 
 class _Evaluator:
     """Greedy accuracy on the judged split with its standard error, and the k-sample probe of
-    fixed pool prompts; remembers each probe's states for the transition counts."""
+    fixed pool prompts, each evaluation in a child process while training goes on
+    (:class:`sara_demo.eval_process.PolicyEvaluator`); a call returns the future of its figures.
+    Remembers each probe's states, in call order, for the transition counts."""
 
-    def __init__(self, judged: list[dict], probe: list[dict], k: int, seed: int) -> None:
-        self.judged, self.probe, self.k, self.seed = judged, probe, k, seed
+    def __init__(self, start: str, judged: list[dict], probe: list[dict], k: int,
+                 seed: int) -> None:
+        from sara_demo.eval_process import PolicyEvaluator
+
+        self.seed, self.calls = seed, 0
         self.states: list[list[str]] = []
+        self._process = PolicyEvaluator(start, judged, probe, k)
 
-    def __call__(self, model, tokenizer) -> dict[str, Any]:
-        import torch
+    def __call__(self, model, tokenizer) -> concurrent.futures.Future:
+        # the probe's draws: seeded per run and per evaluation, as on the trainer's thread
+        raw = self._process.submit(model, generator_seed=self.seed * 1000 + self.calls)
+        self.calls += 1
+        figures: concurrent.futures.Future = concurrent.futures.Future()
+        raw.add_done_callback(lambda done: self._figures(done, figures))
+        return figures
 
-        from sara_demo.evaluate import greedy_accuracy, group_kinds
-
-        acc = greedy_accuracy(model, tokenizer, self.judged)
-        p, n = acc["accuracy"], acc["n"]
-        generator = torch.Generator().manual_seed(self.seed * 1000 + len(self.states))
-        kinds = group_kinds(model, tokenizer, self.probe, k=self.k, generator=generator)
+    def _figures(self, done: concurrent.futures.Future, figures: concurrent.futures.Future
+                 ) -> None:
+        """The child's answer as the curve's figures; its probe states kept (the child answers
+        in submission order, so the states stay in call order)."""
+        if done.cancelled() or done.exception() is not None:
+            figures.set_exception(done.exception() or concurrent.futures.CancelledError())
+            return
+        found = done.result()
+        kinds, p, n = found["kinds"], found["accuracy"], found["n"]
         self.states.append(kinds)
         count = Counter(kinds)
-        return {"accuracy": p, "accuracy_se": math.sqrt(max(p * (1 - p), 0.0) / max(n, 1)),
-                "n": n, "frac_all_fail": count["all_fail"] / len(kinds),
-                "frac_all_success": count["all_success"] / len(kinds)}
+        figures.set_result({
+            "accuracy": p, "accuracy_se": math.sqrt(max(p * (1 - p), 0.0) / max(n, 1)), "n": n,
+            "frac_all_fail": count["all_fail"] / len(kinds),
+            "frac_all_success": count["all_success"] / len(kinds)})
 
     def transitions(self) -> dict[str, int]:
         """Moves between the states from one probe to the next, summed over the run."""
@@ -196,6 +217,15 @@ class _Evaluator:
         for before, after in zip(self.states, self.states[1:]):
             moves.update(f"{a}->{b}" for a, b in zip(before, after) if a != b)
         return {f"{a}->{b}": moves[f"{a}->{b}"] for a in STATES for b in STATES if a != b}
+
+    def close(self) -> None:
+        self._process.close()
+
+    def __enter__(self) -> _Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def matched_cap(protocol: Protocol, first_mixed: float) -> int:
@@ -224,7 +254,7 @@ def _final_eval(evaluator: _Evaluator, trainer, history: list[dict], evals: list
     if not history or evals[-1]["step"] == trainer.step:
         return
     last = history[-1]
-    evals.append({**evaluator(trainer.model, trainer.tokenizer), "step": trainer.step,
+    evals.append({**evaluator(trainer.model, trainer.tokenizer).result(), "step": trainer.step,
                   "rollouts_cum": last["rollouts_cum"], "tokens_cum": last["tokens_cum"],
                   "seconds_cum": last["seconds_cum"], "generation_s": last["generation_s"],
                   "training_s": last["training_s"]})

@@ -38,7 +38,8 @@ from typing import Any
 from sara_demo.testbed import verified_testbed
 
 from _provenance import git_state
-from _testbed import LABELS, METHODS, PRINCIPAL, Protocol, run_one, warm_start_identity
+from _testbed import EVALUATION, LABELS, METHODS, PRINCIPAL, Protocol, run_one, \
+    warm_start_identity
 from _testbed_report import chart, criteria, final_accuracy, format_report, method_summary, \
     target_ratios
 
@@ -104,10 +105,12 @@ class Recorder:
 
     def find(self, method: str, seed: int, lr: float, split: str, protocol: Protocol
              ) -> dict[str, Any] | None:
-        """A finished run of that method, seed, learning rate and split under `protocol`."""
+        """A finished run of that method, seed, learning rate and split under `protocol`, from
+        the same warm start, its evaluations run the way this code runs them."""
         return next((r for r in self.runs if (r["method"], r["seed"], r["lr"], r["split"])
                      == (method, seed, lr, split) and r.get("protocol") == asdict(protocol)
-                     and r.get("start", {}).get("weights_sha256") == self.weights), None)
+                     and r.get("start", {}).get("weights_sha256") == self.weights
+                     and r.get("evaluation") == EVALUATION), None)
 
     def run(self, method: str, seed: int, lr: float, split: str, protocol: Protocol,
             work: Path, tag: str) -> dict[str, Any]:

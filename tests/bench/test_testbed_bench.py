@@ -29,7 +29,7 @@ def _run(method, seed, accs, step=1000, se=0.01, sat=(0.2, 0.2), mixed=100, **ex
     return {"method": method, "label": method, "seed": seed, "lr": 1e-4, "split": "test",
             "curve": curve, "rollouts": curve[-1]["rollouts"], "groups_mixed": mixed,
             "steps": curve[-1]["steps"], "seconds": 100.0, "pool_revisits": 5.0,
-            "transitions": {"all_fail->mixed": 3}, **extra}
+            "transitions": {"all_fail->mixed": 3}, "evaluation": testbed.EVALUATION, **extra}
 
 
 def test_crossing_and_value_are_linear_between_points():
@@ -183,10 +183,11 @@ def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     assert shipped.find("ds", 0, 1e-4, "test", testbed.Protocol(rollouts=10)) is None
     elsewhere = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False, start_from=str(other))
     assert elsewhere.find("ds", 0, 1e-4, "test", protocol) is None
-    legacy = {k: v for k, v in ran.items() if k != "start"}   # recorded before runs named it
-    (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
-    assert cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False).find(
-        "ds", 0, 1e-4, "test", protocol) is None
+    for field in ("start", "evaluation"):   # recorded before runs named it
+        legacy = {k: v for k, v in ran.items() if k != field}
+        (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
+        assert cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False).find(
+            "ds", 0, 1e-4, "test", protocol) is None, field
 
 
 def test_the_run_record_names_its_warm_start():
@@ -222,7 +223,10 @@ def test_quick_testbed_run_of_each_policy_and_selection(tmp_path):
     for method, r in runs.items():
         curve = r["curve"]
         assert r["seed"] == 7 and r["lr"] == 3e-4 and r["pool_revisits"] > 0
-        assert set(curve[0]) == keys and curve[0]["rollouts"] == 0 and curve[0]["steps"] == 0
+        assert curve[0]["rollouts"] == 0 and curve[0]["steps"] == 0
+        # every point, the ones evaluated in the child process while training went on included
+        assert all(set(point) == keys for point in curve), curve
+        assert r["evaluation"] == testbed.EVALUATION and len(curve) >= 3
         if method == "ds":
             # DS learns within the quick budget (measured on seed 7: 38.3 -> 51.0%)
             assert curve[-1]["accuracy"] > curve[0]["accuracy"] + 0.05, curve
