@@ -115,7 +115,8 @@ class AutoPricer:
         if self._fitted_at is not None and decided - self._fitted_at < self._interval():
             return False
         self._fitted_at = decided
-        evidence = self._evidence(await store.sample_posteriors(EVIDENCE_LIMIT), version)
+        evidence = self._evidence(await store.sample_posteriors(EVIDENCE_LIMIT), version,
+                                  await store.pool_clock())
         # EM over a few thousand prompts takes up to ~1 s of pure Python: off the event loop,
         # so leases and results keep being served meanwhile (the GIL still shares the CPU)
         self.model = await asyncio.to_thread(fit_pool, evidence, self.prior)
@@ -154,15 +155,20 @@ class AutoPricer:
         assert self._fitted_at is not None
         return min(self.settings.auto_refit_groups, max(16, self._fitted_at))
 
-    def _evidence(self, posteriors: list[dict[str, Any]], version: int
+    def _evidence(self, posteriors: list[dict[str, Any]], version: int, clock: float
                   ) -> list[tuple[float, float]]:
+        """Each posterior's evidence decayed to now, as the scheduler decays it when it plans a
+        group: per policy version since `version`'s and by the half-life in epochs of the pool
+        since its `clock` reading (store.pool_clock)."""
         s = self.settings
         out = []
         for post in posteriors:
             f = PosteriorField
             a, b = decay_posterior(post[f.alpha], post[f.beta], s.prior_alpha, s.prior_beta,
                                    s.posterior_decay,
-                                   max(0, version - int(post.get(f.version, version))))
+                                   max(0, version - int(post.get(f.version, version))),
+                                   s.posterior_half_life,
+                                   max(0.0, clock - post.get(f.clock, clock)))
             out.append((a - s.prior_alpha, b - s.prior_beta))
         return out
 

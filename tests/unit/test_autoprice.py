@@ -17,12 +17,16 @@ class FakeStore:
         self.counters = {"rollouts_completed": 0, "groups_committed": 0, "groups_abandoned": 0,
                          "groups_dropped_saturated": 0}
         self.posteriors: list[dict] = []
+        self.clock = 0.0   # epochs of the pool so far
 
     async def counter_values(self, fields):
         return {f: self.counters[f] for f in fields}
 
     async def sample_posteriors(self, limit):
         return self.posteriors[:limit]
+
+    async def pool_clock(self):
+        return self.clock
 
 
 def _refresh(pricer: AutoPricer, store: FakeStore) -> bool:
@@ -106,3 +110,25 @@ def test_a_window_without_failures_prices_them_as_successes():
     store.counters.update(learned_success_rollouts=40, learned_success_tokens=2_000)
     _refresh(pricer, store)
     assert (pricer.lengths.success, pricer.lengths.failure) == (50.0, 50.0)
+
+
+def test_the_pool_model_sees_the_evidence_decayed_by_the_half_life(monkeypatch):
+    real_fit = autoprice.fit_pool
+    seen = []
+
+    def recording_fit(evidence, prior):
+        seen.append(evidence)
+        return real_fit(evidence, prior)
+
+    monkeypatch.setattr(autoprice, "fit_pool", recording_fit)
+    pricer = AutoPricer(Settings(tau_low="auto", posterior_half_life=2.0))
+    store = FakeStore()
+    # 6 successes and 2 failures recorded at pool epoch 1; now the pool is at epoch 5: two
+    # half-lives later, a quarter of the evidence is left
+    store.posteriors = [{"a": 7.0, "b": 3.0, "v": 0, "t": 1.0}]
+    store.clock = 5.0
+    assert _refresh(pricer, store)
+    assert seen[-1] == [pytest.approx((1.5, 0.5))]
+    never = AutoPricer(Settings(tau_low="auto", posterior_half_life=float("inf")))
+    asyncio.run(never.refresh(store, version=0))
+    assert seen[-1] == [pytest.approx((6.0, 2.0))]
