@@ -65,6 +65,7 @@ def method_summary(runs: list[dict[str, Any]], method: str, budget: int) -> dict
                     ratios.append(value / base)
             out[f"{name}_{cost}"] = (*mean_ci(got), len(got))
             out[f"{name}_{cost}_ratio"] = (*mean_ci(ratios), len(ratios))
+        out[f"{name}_rollouts_ratio_at_least"] = censored_ratio(runs, mine, name)
     for frac in (0.5, 1.0):
         accs = [value_at([(p["rollouts"], p["accuracy"]) for p in r["curve"]], frac * budget)
                 for r in mine]
@@ -82,6 +83,28 @@ def method_summary(runs: list[dict[str, Any]], method: str, budget: int) -> dict
     out["steps"] = mean_ci([r["steps"] for r in mine])
     out["seconds"] = mean_ci([r["seconds"] for r in mine])
     return out
+
+
+def censored_ratio(runs: list[dict[str, Any]], mine: list[dict[str, Any]], name: str
+                   ) -> tuple[float, float, int, int]:
+    """(mean, 95% half-width, seeds, seeds that never reached the target) of the per-seed ratio
+    of rollouts to target `name` over DS's, over *every* seed with a DS run: a seed that never
+    reached the target counts with all the rollouts it spent, so the mean is a lower bound of
+    the ratio, where the mean over the seeds that reached it alone favours a method that
+    reaches it rarely."""
+    ratios, missed = [], 0
+    for r in mine:
+        t = targets(runs, r["seed"])
+        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        base = cost_to(ds, t[name], "rollouts") if t and ds else None
+        if not base:
+            continue
+        value = cost_to(r, t[name], "rollouts")
+        if value is None:
+            missed += 1
+            value = r["curve"][-1]["rollouts"]
+        ratios.append(value / base)
+    return (*mean_ci(ratios), len(ratios), missed)
 
 
 def learning_lasts(run: dict[str, Any]) -> dict[str, float]:
@@ -130,9 +153,15 @@ def target_ratios(summary: list[dict[str, Any]]) -> dict[str, Any]:
     for method, bound in (("sara", 0.8), ("sara_dps", 0.5)):
         if method in by:
             mean, half, n = by[method]["ds_final_rollouts_ratio"]
-            out[f"{method}_vs_ds"] = {"ratio": mean, "ci95": half, "seeds": n, "bound": bound,
-                                      "met": bool(mean == mean and mean + half <= bound),
-                                      "met_at_mean": bool(mean == mean and mean <= bound)}
+            low, low_half, seeds, missed = by[method]["ds_final_rollouts_ratio_at_least"]
+            # met only when every seed reached DS's final accuracy: a ratio over the seeds that
+            # reached it alone would pass a method that rarely does
+            out[f"{method}_vs_ds"] = {
+                "ratio": mean, "ci95": half, "seeds": n, "bound": bound,
+                "ratio_at_least": low, "ratio_at_least_ci95": low_half,
+                "seeds_not_reached": missed,
+                "met": bool(missed == 0 and mean == mean and mean + half <= bound),
+                "met_at_mean": bool(missed == 0 and mean == mean and mean <= bound)}
     if "sara" in by and "uniform_matched" in by:
         sara, matched = by["sara"]["ds_final_rollouts"], by["uniform_matched"]["ds_final_rollouts"]
         out["sara_below_uniform_matched"] = {

@@ -61,6 +61,20 @@ def test_targets_ratios_and_verdicts_come_from_each_seeds_ds_run():
     text = report.format_report(summary, report.criteria(runs), runs)
     assert "to DS's final accuracy" in text and "testbed criteria" in text
     assert "0.67" in text.split("per run")[1]      # each SARA seed's own ratio
+    assert goals["sara_vs_ds"]["ratio_at_least"] == pytest.approx(2 / 3)
+    assert goals["sara_vs_ds"]["seeds_not_reached"] == 0
+
+
+def test_a_seed_that_never_reaches_the_target_counts_with_all_it_spent():
+    runs = [_run("ds", 0, [0.4, 0.5, 0.6, 0.7, 0.7]), _run("ds", 1, [0.4, 0.5, 0.6, 0.7, 0.7]),
+            _run("sara", 0, [0.4, 0.7, 0.7, 0.7, 0.7]),     # 0.7 at 1,000: 1/3 of DS's 3,000
+            _run("sara", 1, [0.4, 0.5, 0.55, 0.6, 0.6])]    # never: all 4,000 count
+    summary = [report.method_summary(runs, m, 4000) for m in ("ds", "sara")]
+    goal = report.target_ratios(summary)["sara_vs_ds"]
+    assert goal["ratio"] == pytest.approx(1 / 3) and goal["seeds"] == 1   # the survivor alone
+    assert goal["ratio_at_least"] == pytest.approx((1 / 3 + 4 / 3) / 2)
+    assert goal["seeds_not_reached"] == 1
+    assert not goal["met"] and not goal["met_at_mean"]
 
 
 def test_accuracy_at_equal_steps_and_generation_cost_per_rollout():
