@@ -211,8 +211,6 @@ def _lifespan(scheduler: Scheduler, health: RedisHealth, redis: aioredis.Redis) 
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if not scheduler.settings.auth_enabled:
-            log.warning("no role tokens configured: the API is open to anyone who can reach it")
         stop = asyncio.Event()
         task = asyncio.create_task(_maintenance_loop(scheduler, stop, health))
         restore_signals = _answer_long_polls_on_signals(scheduler)
