@@ -202,11 +202,15 @@ def cmd_summary(d: str, steps: int, has_vllm: bool, train_rc: int) -> int:
     estimate = re.search(r"memory estimate \(GiB\):[^\n]*", train)
     compute = re.search(r"sara: (trainer on [^\n]*)", train)
     peak = re.search(r"smoke: trainer peak[^\n]*", train)
+    first = re.search(r"memory measured over the first step[^\n]*\(([\d.]+)x the measured\)",
+                      train)
     used = [int(x) for x in read("gpu-mem.csv").split() if x.strip().isdigit()]
     summary = {"steps": done, "step_seconds": [s["seconds"] for s in done],
                "trainer_start_line": compute.group(1) if compute else None,
                "memory_estimate": estimate.group(0) if estimate else None,
                "peak_memory": peak.group(0) if peak else None,
+               "memory_first_step": first.group(0) if first else None,
+               "memory_estimate_ratio": float(first.group(1)) if first else None,
                "gpu_memory_used_max_mib": max(used) if used else None, "workers": {}}
     for log in sorted(root.glob("worker-*.log")):
         text = log.read_text(errors="replace")
@@ -222,6 +226,12 @@ def cmd_summary(d: str, steps: int, has_vllm: bool, train_rc: int) -> int:
         fail.append(f"sara train exited {train_rc}" + (" (timed out)" if train_rc == 124 else ""))
     if len(done) < steps:
         fail.append(f"{len(done)} of {steps} steps logged")
+    # on CUDA only: the CPU run's first step is ~20 MB, the size of the resident set's noise
+    ratio = summary["memory_estimate_ratio"]
+    on_cuda = first is not None and "peak allocated" in first.group(0)
+    if on_cuda and not 0.5 <= ratio <= 2.0:
+        fail.append(f"the memory estimate is {ratio}x the first step's measured peak, "
+                    "outside 0.5-2x")
     if not summary["workers"].get("worker-hf", {}).get("policy_loads"):
         fail.append("the hf worker never loaded a published policy")
     if has_vllm:
@@ -235,6 +245,7 @@ def cmd_summary(d: str, steps: int, has_vllm: bool, train_rc: int) -> int:
     print("step times (s):", summary["step_seconds"])
     print("trainer:", summary["trainer_start_line"])
     print("peak:", summary["peak_memory"])
+    print("first step:", summary["memory_first_step"])
     if used:
         print(f"GPU memory used, max over the run (all processes): {max(used)} MiB")
     for name, w in summary["workers"].items():

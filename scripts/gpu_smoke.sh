@@ -5,8 +5,9 @@
 # starts `sara serve` (embedded Redis), an hf worker on the GPU (and a vLLM worker on the GPU when
 # vllm imports), and runs `sara train` on the GPU for a few steps: fp32 master weights with bf16
 # autocast, a token budget per micro-batch, gradient checkpointing. Then it prints each step's
-# time, the trainer's memory estimate, its measured peak GPU memory, the card's peak use, and
-# whether the vLLM worker reloaded each version in place (no engine rebuild). With vLLM on the
+# time, the trainer's memory estimate beside what its first step measured (on CUDA the check
+# fails outside 0.5-2x), its measured peak GPU memory, the card's peak use, and whether the vLLM
+# worker reloaded each version in place (no engine rebuild). With vLLM on the
 # GPU it then runs bench/engine_time.py --quick there and prints its table.
 #
 #   scripts/gpu_smoke.sh [--device auto|cuda|cpu] [--steps N (3 on cpu, 5 on cuda)] [--arch qwen2|gpt2]

@@ -19,8 +19,12 @@ HELPER = ROOT / "scripts" / "gpu_smoke.py"
 
 STEP_LINES = "".join(f"INFO sara.trainer: step {i} v{i}: 4 groups, reward 0.500, loss 0.0100, "
                      f"0.2{i}s\n" for i in (1, 2, 3))
-TRAINER_LOG = ("sara: trainer on cuda: weights float32, compute bfloat16; memory estimate "
-               "(GiB): params 0.00; total 0.02\n" + STEP_LINES +
+MEASURED = ("sara: memory measured over the first step (GiB): peak allocated 0.040; the "
+            "estimate of the same 0.050 ({ratio}x the measured)\n")
+TRAINER_LOG = ("sara: trainer on cuda: weights float32, compute bfloat16; activations 30.3 KiB a "
+               "token (measured); the memory estimate comes with the first batch's shapes\n"
+               "sara: memory estimate (GiB): params 0.002; total 0.050 for micro-batches of up to "
+               "16 rows of 20 tokens\n" + MEASURED.format(ratio="1.25") + STEP_LINES +
                "smoke: trainer peak host RSS 0.40 GiB; peak CUDA memory allocated 0.100 GiB, "
                "reserved 0.200 GiB\n")
 
@@ -30,8 +34,9 @@ def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
 
 
-def _verdict(tmp_path, vllm_log: str | None, steps: int = 3, rc: int = 0):
-    (tmp_path / "trainer.log").write_text(TRAINER_LOG)
+def _verdict(tmp_path, vllm_log: str | None, steps: int = 3, rc: int = 0,
+             trainer_log: str = TRAINER_LOG):
+    (tmp_path / "trainer.log").write_text(trainer_log)
     (tmp_path / "worker-hf.log").write_text("hf backend now at policy v1 (/c/1)\n")
     if vllm_log is not None:
         (tmp_path / "worker-vllm.log").write_text(vllm_log)
@@ -49,6 +54,7 @@ def test_verdict_passes_in_place_reloads(tmp_path):
     assert s["step_seconds"] == [0.21, 0.22, 0.23]
     assert s["memory_estimate"].startswith("memory estimate (GiB)")
     assert "peak CUDA memory allocated 0.100 GiB" in s["peak_memory"]
+    assert s["memory_estimate_ratio"] == 1.25
     assert s["workers"]["worker-vllm"]["policy_loads"] == 2
 
 
@@ -90,3 +96,10 @@ def test_bench_command_runs_a_bench_script_with_the_repo_packages():
     missing = subprocess.run([sys.executable, str(HELPER), "bench", "no_such_bench"],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no bench script" in missing.stdout
+
+
+def test_verdict_fails_an_estimate_off_by_more_than_2x(tmp_path):
+    rc, s = _verdict(tmp_path, None, trainer_log=TRAINER_LOG.replace(
+        MEASURED.format(ratio="1.25"), MEASURED.format(ratio="3.10")))
+    assert rc == 1 and s["memory_estimate_ratio"] == 3.1
+    assert "the memory estimate is 3.1x" in s["result"]

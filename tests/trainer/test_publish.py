@@ -29,12 +29,15 @@ def test_publish_every_step_full_checkpoint_every_second(tiny_dir, tmp_path, cap
         worker.fill()
         trainer = Trainer(sara, cfg)
         assert trainer.config.device in ("cpu", "cuda")
-        start = capsys.readouterr().out   # the memory estimate, printed before any step
-        assert "memory estimate (GiB): params" in start and "optimizer" in start
+        start = capsys.readouterr().out   # the probe's figure; the estimate needs a batch
+        assert "KiB a token (measured)" in start and "memory estimate (GiB)" not in start
         assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
         reports = trainer.run(timeout_s=5)
         worker.fill()
         reports += trainer.run(timeout_s=5)
+        said = capsys.readouterr().out        # estimate and measurement, the first step only
+        assert said.count("memory estimate (GiB): params") == 1
+        assert said.count("memory measured over the first step") == 1
         assert [r.policy_version for r in reports] == [1, 2, 3]
         assert all(math.isfinite(r.loss) and not r.skipped for r in reports)
         published = reports[0].checkpoint

@@ -1,16 +1,15 @@
-"""Fitting the trainer on a device: which device and dtype, micro-batches by token budget, and a
-memory estimate printed at start (so an OOM is predicted in the log, not discovered by a crash
-loop that restarts into the same OOM)."""
+"""Fitting the trainer on a device: which device and dtype, micro-batches by token budget, and the
+model prepared for training (activation checkpointing, after the memory probe of :mod:`.memory`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
+from .memory import ActivationModel, activation_model
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GIB = 1024 ** 3
 
 
 def resolve_device(device: str) -> str:
@@ -60,49 +59,11 @@ def token_chunks(prompt_lens: Sequence[int], completion_lens: Sequence[int], max
     return chunks
 
 
-@dataclass
-class MemoryEstimate:
-    """Bytes the trainer needs on its device, by kind (a lower bound: no allocator slack)."""
-
-    params: int
-    grads: int
-    optimizer: int
-    activations: int
-    reference: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.reference
-
-    def line(self) -> str:
-        """One log line, in GiB."""
-        parts = [f"{name} {getattr(self, name) / GIB:.2f}" for name in
-                 ("params", "grads", "optimizer", "activations", "reference")]
-        return f"memory estimate (GiB): {', '.join(parts)}; total {self.total / GIB:.2f}"
-
-
-def estimate_memory(model, micro_batch_tokens: int, gradient_checkpointing: bool,
-                    with_reference: bool = False, chunk_rows: int = 1024) -> MemoryEstimate:
-    """Rough bytes for training `model` as loaded, on micro-batches of `micro_batch_tokens`
-    tokens: AdamW keeps two moments per parameter in the parameter dtype; activations are
-    counted per layer per token (about 34 hidden-widths saved per layer without checkpointing,
-    one with it) plus one fp32 logits chunk of the output head."""
-    params = list(model.parameters())
-    n = sum(p.numel() for p in params)
-    width = params[0].element_size() if params else 4
-    config = model.config
-    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0)
-    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0) or 0)
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    per_layer = hidden * width * (1 if gradient_checkpointing else 34)
-    activations = micro_batch_tokens * layers * per_layer + 2 * chunk_rows * vocab * 4
-    return MemoryEstimate(params=n * width, grads=n * width, optimizer=2 * n * width,
-                          activations=activations, reference=n * width if with_reference else 0)
-
-
-def prepare_model(model, config) -> MemoryEstimate:
-    """Turn on gradient checkpointing when configured and return the memory estimate for
-    `config`'s micro-batches (the token budget, else rollouts x the longest possible row)."""
+def prepare_model(model, config, autocast: torch.dtype | None = None) -> ActivationModel:
+    """Probe the model's activation memory, then turn on gradient checkpointing when configured;
+    returns what the first step's memory estimate is built from (see :mod:`.memory`)."""
+    activations = activation_model(model, config.gradient_checkpointing,
+                                   config.logprob_chunk_rows, autocast)
     if config.gradient_checkpointing:
         # non-reentrant: works with inputs that need no grad, and with the chunked head;
         # transformers 5 renamed the switch (the old name warns), 4.x only has the old one
@@ -112,8 +73,4 @@ def prepare_model(model, config) -> MemoryEstimate:
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
-    tokens = config.micro_batch_tokens or config.micro_batch_rollouts * (
-        config.max_new_tokens + 512)
-    return estimate_memory(model, tokens, config.gradient_checkpointing,
-                           with_reference=config.kl_coef > 0,
-                           chunk_rows=config.logprob_chunk_rows)
+    return activations

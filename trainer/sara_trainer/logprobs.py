@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 DEFAULT_CHUNK_ROWS = 1024
 
 
-def _head_and_body(model):
+def head_and_body(model):
     """(body, head) when the model splits into a base model and a plain output projection."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     body = getattr(model, "base_model", None)
@@ -72,7 +72,7 @@ def chunked_completion_logprobs(model, batch, temperature: float = 1.0,
     p, tc = batch.prompt_width, batch.completion_ids.shape[1]
     kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                   position_ids=batch.position_ids, use_cache=False)
-    body, head = _head_and_body(model)
+    body, head = head_and_body(model)
     if body is not None:
         hidden = body(**kwargs).last_hidden_state[:, p - 1:p - 1 + tc]
     else:   # no separable head: full logits, but the softmax work is still chunked

@@ -47,6 +47,7 @@ import torch
 from .checkpoint import OPTIMIZER_FILE, latest_checkpoint
 from .config import TrainerConfig
 from .fit import autocast_dtype, prepare_model, resolve_device, resolve_dtype
+from .memory import FirstStepMemory
 from .policy import disable_dropout, load_checkpoint, load_policy
 from .ppo import PPOCritic
 from .publishing import Publishing
@@ -56,6 +57,12 @@ log = logging.getLogger("sara.trainer")
 
 NO_BATCH_NOTE_S = 60.0      # a log line every this long without a batch
 REMEMBERED_BATCHES = 32     # trained batch ids kept in the checkpoint (redelivery after a crash)
+
+
+def say(line: str) -> None:
+    """A line for the trainer's log and its stdout (also where no logging is configured)."""
+    log.info("%s", line)
+    print(f"sara: {line}", flush=True)
 
 
 @dataclass
@@ -125,12 +132,12 @@ class Trainer(Updating, Publishing):
             self.step, self.version, self.checkpoint = 0, 0, None
             self.reference_path = str(cfg.model)
         disable_dropout(self.model)
-        estimate = prepare_model(self.model, cfg)
+        activations = prepare_model(self.model, cfg, self.autocast)
         compute = str(self.autocast or self.dtype).removeprefix("torch.")
-        line = (f"trainer on {cfg.device}: weights {str(self.dtype).removeprefix('torch.')}, "
-                f"compute {compute}; {estimate.line()}")
-        log.info("%s", line)
-        print(f"sara: {line}", flush=True)   # also where no logging is configured
+        say(f"trainer on {cfg.device}: weights {str(self.dtype).removeprefix('torch.')}, "
+            f"compute {compute}; activations {activations.per_token / 1024:.1f} KiB a token "
+            f"(measured); the memory estimate comes with the first batch's shapes")
+        self.memory = FirstStepMemory(self.model, activations, cfg.device, cfg.kl_coef > 0, say)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)

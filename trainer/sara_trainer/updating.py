@@ -1,7 +1,7 @@
 """The trainer's update: a batch's groups as training rows, their advantages, and the clipped
 policy-gradient (and, under PPO, critic) steps. Mixed into `loop.Trainer`, which sets up what
 these methods read: `config`, `tokenizer`, `model`, `optimizer`, `reference`, `critic`, `step`,
-`autocast` and `_warned_off_policy`."""
+`autocast`, `memory` and `_warned_off_policy`."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ class Updating:
         if n == 0:
             return {"loss": 0.0, "tokens": 0.0, "skipped": 1.0}
         chunks, batches = self._micro_batches(rows)
+        self.memory.before(batches, optimizer_ready=bool(self.optimizer.state))
         use_behaviour = self._uses_behaviour(rows)
         tokens = float(sum(b.completion_mask.sum().item() for b in batches))
         lr = self._lr()
@@ -99,6 +100,7 @@ class Updating:
             totals.setdefault("loss", totals["vf_loss"])
         totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
                       off_policy=float(use_behaviour), lr=lr)
+        self.memory.after()
         return totals
 
     def _micro_batches(self, rows: Rows) -> tuple[list[list[int]], list[Any]]:
