@@ -46,11 +46,11 @@ def activations_of(shape: dict, autocast: torch.dtype | None, checkpointing: boo
     for layers in (1, 2):
         torch.manual_seed(0)
         probes.append(probe_activations(Qwen2ForCausalLM(qwen2_config(shape, layers)), autocast))
-    (one_token, one_fixed), (two_token, two_fixed) = probes
+    one, two = probes
     depth = shape["num_hidden_layers"]
+    linear, square, fixed = (a + (depth - 1) * (b - a) for a, b in zip(one, two))
     return ActivationModel(
-        per_token=one_token + (depth - 1) * (two_token - one_token),
-        fixed=one_fixed + (depth - 1) * (two_fixed - one_fixed), layers=depth,
+        per_token=linear, per_token_squared=square, fixed=int(fixed), layers=depth,
         hidden=shape["hidden_size"], width=4, vocab=VOCAB, chunk_rows=chunk_rows,
         checkpointing=checkpointing)
 

@@ -27,8 +27,9 @@ def test_depth_extrapolation_matches_the_full_model(monkeypatch, autocast):
     acts = bench.activations_of(SMALL, autocast, checkpointing=False, chunk_rows=64)
     torch.manual_seed(0)
     full = Qwen2ForCausalLM(bench.qwen2_config(SMALL, 5))
-    per_token, fixed = probe_activations(full, autocast)
+    per_token, squared, fixed = probe_activations(full, autocast)
     assert acts.per_token == pytest.approx(per_token, rel=0.05)
+    assert acts.per_token_squared == pytest.approx(squared, rel=0.05, abs=1.0)
     assert acts.fixed == pytest.approx(fixed, rel=0.05, abs=4096)
     assert acts.layers == 5 and acts.hidden == 64
 

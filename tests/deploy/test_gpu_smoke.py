@@ -22,7 +22,7 @@ STEP_LINES = "".join(f"INFO sara.trainer: step {i} v{i}: 4 groups, reward 0.500,
 MEASURED = ("sara: memory measured over the first step (GiB): peak allocated 0.040; the "
             "estimate of the same 0.050 ({ratio}x the measured)\n")
 TRAINER_LOG = ("sara: trainer on cuda: weights float32, compute bfloat16; activations 30.3 KiB a "
-               "token (measured); the memory estimate comes with the first batch's shapes\n"
+               "token in rows of 64 (measured); the memory estimate comes with the first batch\n"
                "sara: memory estimate (GiB): params 0.002; total 0.050 for micro-batches of up to "
                "16 rows of 20 tokens\n" + MEASURED.format(ratio="1.25") + STEP_LINES +
                "smoke: trainer peak host RSS 0.40 GiB; peak CUDA memory allocated 0.100 GiB, "

@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sara_trainer.memory import activation_model, estimate_memory  # noqa: E402
+from sara_trainer.memory import (activation_model, estimate_memory,  # noqa: E402
+                                 fit_row_bytes)
 from sara_trainer.policy import load_policy, make_batch  # noqa: E402
 from sara_trainer.tiny import TinyConfig, build_tiny_policy  # noqa: E402
 
@@ -50,6 +51,13 @@ with sara_client.local(data_dir=tmp / "redis", redis_url=None, group_size=16, ba
                            max_steps=1, micro_batch_rollouts=512)
     assert len(Trainer(sara, config).run(timeout_s=30)) == 1
 """
+
+
+def test_row_fit_separates_fixed_linear_and_square_parts():
+    kept = [7000 + 300 * t + 2 * t * t for t in (16, 32, 64)]
+    assert fit_row_bytes((16, 32, 64), kept) == pytest.approx((300.0, 2.0, 7000), abs=1e-6)
+    # rounding that would make a part negative leaves it at 0
+    assert all(part >= 0 for part in fit_row_bytes((16, 32, 64), [100, 90, 80]))
 
 
 def test_probe_counts_what_autograd_keeps_and_grows_with_width(tmp_path):

@@ -30,7 +30,7 @@ def test_publish_every_step_full_checkpoint_every_second(tiny_dir, tmp_path, cap
         trainer = Trainer(sara, cfg)
         assert trainer.config.device in ("cpu", "cuda")
         start = capsys.readouterr().out   # the probe's figure; the estimate needs a batch
-        assert "KiB a token (measured)" in start and "memory estimate (GiB)" not in start
+        assert "KiB a token in rows of" in start and "memory estimate (GiB)" not in start
         assert any(getattr(m, "gradient_checkpointing", False) for m in trainer.model.modules())
         reports = trainer.run(timeout_s=5)
         worker.fill()

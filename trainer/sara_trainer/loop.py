@@ -47,7 +47,7 @@ import torch
 from .checkpoint import OPTIMIZER_FILE, latest_checkpoint
 from .config import TrainerConfig
 from .fit import autocast_dtype, prepare_model, resolve_device, resolve_dtype
-from .memory import FirstStepMemory
+from .memory import PROBE_TOKENS, FirstStepMemory
 from .policy import disable_dropout, load_checkpoint, load_policy
 from .ppo import PPOCritic
 from .publishing import Publishing
@@ -134,10 +134,10 @@ class Trainer(Updating, Publishing):
         disable_dropout(self.model)
         activations = prepare_model(self.model, cfg, self.autocast)
         compute = str(self.autocast or self.dtype).removeprefix("torch.")
+        at = PROBE_TOKENS
         say(f"trainer on {cfg.device}: weights {str(self.dtype).removeprefix('torch.')}, "
-            f"compute {compute}; activations {activations.per_token / 1024:.1f} KiB a token "
-            f"(measured); the memory estimate comes with the first batch's shapes")
-        self.memory = FirstStepMemory(self.model, activations, cfg.device, cfg.kl_coef > 0, say)
+            f"compute {compute}; activations {activations.row_bytes(at) / at / 1024:.1f} KiB a "
+            f"token in rows of {at} (measured); the memory estimate comes with the first batch")
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
@@ -145,6 +145,10 @@ class Trainer(Updating, Publishing):
             self.optimizer.load_state_dict(torch.load(Path(resumed) / OPTIMIZER_FILE,
                                                       map_location=cfg.device))
         self.critic = PPOCritic.create(cfg, resumed) if cfg.advantage_estimator == "gae" else None
+        critic_parameters = 0 if self.critic is None else sum(
+            p.numel() for p in self.critic.model.parameters())
+        self.memory = FirstStepMemory(self.model, activations, cfg.device, cfg.kl_coef > 0, say,
+                                      critic_parameters)
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference, _ = load_policy(self.reference_path, device=cfg.device,

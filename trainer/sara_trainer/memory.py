@@ -2,9 +2,9 @@
 said before the first step runs (so an OOM is predicted in the log, not discovered by a crash
 loop that restarts into the same OOM), and the measured peak of that step beside it.
 
-The activation part is measured, not assumed: two probe rows run through the model's body with a
-hook on what autograd saves for backward, which gives the bytes kept per token for this model,
-attention implementation and dtype. A formula per layer (Megatron's 34 bytes per token and hidden
+The activation part is measured, not assumed: three probe rows run through the model's body with a
+hook on what autograd saves for backward, which gives the bytes kept per token (and per squared
+token, for attention weights) for this model, attention implementation and dtype. A formula per layer (Megatron's 34 bytes per token and hidden
 width at 16 bits) fits one architecture; the probe fits any. The measurement is the growth of the
 peak resident set over the first step on CPU (the kernel's high-water mark, reset just before),
 and the peak of allocated memory on CUDA.
@@ -23,7 +23,7 @@ from .logprobs import head_and_body
 from .policy import context_size
 
 GIB = 1024 ** 3
-PROBE_TOKENS = 64           # the longer probe row (the other is half as long)
+PROBE_TOKENS = 64           # the longest probe row (the others are a half and a quarter)
 
 
 @dataclass
@@ -80,16 +80,25 @@ def saved_bytes(model, tokens: int, autocast: torch.dtype | None = None) -> int:
     return total
 
 
+def fit_row_bytes(lengths: Sequence[int], kept: Sequence[int]) -> tuple[float, float, int]:
+    """(a, b, c) with kept = c + a*T + b*T^2 through three probes (T, kept): the per-token part,
+    the part that grows with the square of the row (attention weights kept by eager attention),
+    and what does not grow at all (autocast's cached low-precision weights). Negative parts,
+    which only rounding can give, are set to 0."""
+    (t1, t2, t3), (k1, k2, k3) = lengths, kept
+    slope12, slope23 = (k2 - k1) / (t2 - t1), (k3 - k2) / (t3 - t2)
+    square = max(0.0, (slope23 - slope12) / (t3 - t1))
+    linear = max(0.0, slope23 - square * (t2 + t3))
+    return linear, square, max(0, int(k3 - linear * t3 - square * t3 * t3))
+
+
 def probe_activations(model, autocast: torch.dtype | None = None,
-                      tokens: int = PROBE_TOKENS) -> tuple[float, int]:
-    """(bytes kept per token, bytes kept whatever the length): two probe rows, of `tokens` and
-    half as many, so that what does not grow with the row (autocast's low-precision copies of
-    the weights, cached for backward) is not charged per token."""
-    long = max(2, min(tokens, context_size(model)))
-    short = long // 2
-    kept_long, kept_short = saved_bytes(model, long, autocast), saved_bytes(model, short, autocast)
-    per_token = max(0.0, (kept_long - kept_short) / (long - short))
-    return per_token, max(0, int(kept_short - per_token * short))
+                      tokens: int = PROBE_TOKENS) -> tuple[float, float, int]:
+    """:func:`fit_row_bytes` of three probe rows of `tokens`, half and a quarter as many tokens
+    (at most the model's context)."""
+    long = max(4, min(tokens, context_size(model)))
+    lengths = (long // 4, long // 2, long)
+    return fit_row_bytes(lengths, [saved_bytes(model, t, autocast) for t in lengths])
 
 
 @dataclass
@@ -100,6 +109,7 @@ class ActivationModel:
     probe kept whatever the length."""
 
     per_token: float
+    per_token_squared: float
     fixed: int
     layers: int
     hidden: int
@@ -108,12 +118,17 @@ class ActivationModel:
     chunk_rows: int
     checkpointing: bool
 
+    def row_bytes(self, row_tokens: int) -> float:
+        """What one row of `row_tokens` tokens keeps for backward, without checkpointing."""
+        return self.per_token * row_tokens + self.per_token_squared * row_tokens ** 2
+
     def bytes_for(self, rows: int, row_tokens: int, completion_positions: int) -> int:
-        per_token = (self.layers * self.hidden * self.width + self.per_token / max(1, self.layers)
-                     if self.checkpointing else self.per_token)
+        row = self.row_bytes(row_tokens)
+        if self.checkpointing:
+            row = row_tokens * self.layers * self.hidden * self.width + row / max(1, self.layers)
         # a head chunk holds its logits and, for the entropy, their softmax, in fp32
         head = 2 * min(self.chunk_rows, completion_positions) * self.vocab * 4
-        return int(rows * row_tokens * per_token) + head + self.fixed
+        return int(rows * row) + head + self.fixed
 
 
 def activation_model(model, gradient_checkpointing: bool, chunk_rows: int,
@@ -121,9 +136,9 @@ def activation_model(model, gradient_checkpointing: bool, chunk_rows: int,
     """Probe `model` (before checkpointing is switched on) and describe its activation growth."""
     config = model.config
     params = list(model.parameters())
-    per_token, fixed = probe_activations(model, autocast)
+    per_token, per_token_squared, fixed = probe_activations(model, autocast)
     return ActivationModel(
-        per_token=per_token, fixed=fixed,
+        per_token=per_token, per_token_squared=per_token_squared, fixed=fixed,
         layers=int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0) or 1),
         hidden=int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0) or 0),
         width=params[0].element_size() if params else 4,
@@ -132,11 +147,13 @@ def activation_model(model, gradient_checkpointing: bool, chunk_rows: int,
 
 
 def estimate_memory(model, activations: ActivationModel, batches: Sequence[Any],
-                    with_reference: bool = False) -> MemoryEstimate:
+                    with_reference: bool = False, critic_parameters: int = 0) -> MemoryEstimate:
     """The estimate for training `model` on `batches` (TokenBatch micro-batches): AdamW's two
     moments and the gradients in the parameter dtype, and the largest micro-batch's activations
-    (micro-batches run one after another, so the largest sets the peak)."""
-    n = sum(p.numel() for p in model.parameters())
+    (micro-batches run one after another, so the largest sets the peak). A PPO critic's
+    parameters count with the policy's; its passes run after the policy's, so its activations
+    are not added to them."""
+    n = sum(p.numel() for p in model.parameters()) + critic_parameters
     width = activations.width
     largest = max(batches, key=lambda b: b.input_ids.numel(), default=None)
     rows, row_tokens = (tuple(largest.input_ids.shape) if largest is not None else (0, 0))
@@ -144,7 +161,7 @@ def estimate_memory(model, activations: ActivationModel, batches: Sequence[Any],
     return MemoryEstimate(
         params=n * width, grads=n * width, optimizer=2 * n * width,
         activations=activations.bytes_for(rows, row_tokens, completions),
-        reference=n * width if with_reference else 0,
+        reference=(n - critic_parameters) * width if with_reference else 0,
         shape=f"up to {rows} rows of {row_tokens} tokens")
 
 
@@ -196,8 +213,9 @@ class FirstStepMemory:
     (weights, the reference, a resumed optimiser's moments); on CUDA it is the whole peak."""
 
     def __init__(self, model, activations: ActivationModel, device: str, with_reference: bool,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], critic_parameters: int = 0) -> None:
         self.model, self.activations, self.with_reference = model, activations, with_reference
+        self.critic_parameters = critic_parameters
         self.meter, self.say = PeakMeter(device), say
         self.estimate: MemoryEstimate | None = None
         self.comparable = 0
@@ -206,7 +224,8 @@ class FirstStepMemory:
     def before(self, batches: Sequence[Any], optimizer_ready: bool) -> None:
         if self.done or self.estimate is not None:
             return
-        self.estimate = estimate_memory(self.model, self.activations, batches, self.with_reference)
+        self.estimate = estimate_memory(self.model, self.activations, batches, self.with_reference,
+                                        self.critic_parameters)
         e = self.estimate
         self.comparable = e.total if self.meter.cuda else (
             e.grads + e.activations + (0 if optimizer_ready else e.optimizer))
