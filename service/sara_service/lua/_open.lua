@@ -91,6 +91,6 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
   call_chunked('RPUSH', K.pending, pushes)
   redis.call('HINCRBY', K.stats, 'rollouts_issued', issued)
   redis.call('HINCRBY', K.stats, 'groups_opened', opened)
-  redis.call('XADD', K.wake, 'MAXLEN', '~', 64, '*', 'w', 'lease')
+  wake(K.wake, 'lease')
   return consumed, handed
 end

@@ -28,3 +28,30 @@ end
 local function flow_expected(ready_key, open_key, yield_key)
   return redis.call('LLEN', ready_key) * YIELD_UNIT + open_yield(open_key, yield_key)
 end
+-- A note on the wake stream, which the long polls of every replica wait on: `kind` says what
+-- woke ('lease' or 'batch'), then any field/value pairs. The stream keeps about its last 64.
+local function wake(stream, kind, ...)
+  redis.call('XADD', stream, 'MAXLEN', '~', 64, '*', 'w', kind, ...)
+end
+-- Rollouts of the inflight zset whose lease ran out by `now` (at most `limit`) go back to the
+-- front of the pending list, in their order, unless answered or cancelled meanwhile (their slot
+-- no longer leased); returns how many went back.
+local function requeue_expired(inflight, slots_key, pending, stats, now, limit)
+  local due = redis.call('ZRANGEBYSCORE', inflight, '-inf', now, 'LIMIT', 0, limit)
+  if #due == 0 then return 0 end
+  redis.call('ZREM', inflight, unpack(due))
+  local states = redis.call('HMGET', slots_key, unpack(due))
+  local slots, pushes = {}, {}
+  for i = #due, 1, -1 do  -- backwards: pushed onto the front, they keep their order
+    if states[i] and string.sub(states[i], 1, 2) == 'l|' then
+      slots[#slots + 1] = due[i]
+      slots[#slots + 1] = 'p'
+      pushes[#pushes + 1] = due[i]
+    end
+  end
+  if #pushes == 0 then return 0 end
+  call_chunked('HSET', slots_key, slots)
+  call_chunked('LPUSH', pending, pushes)
+  redis.call('HINCRBY', stats, 'rollouts_reissued', #pushes)
+  return #pushes
+end

@@ -16,5 +16,5 @@ for i = 2, #ARGV, 2 do
     differs[#differs + 1] = ARGV[i]
   end
 end
-if created > 0 then redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'w', 'lease') end
+if created > 0 then wake(KEYS[5], 'lease') end
 return {created, differs}

@@ -608,9 +608,9 @@ end
 if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
 
 -- wake long polls (any replica): rollouts to lease or room to open groups; groups ready
-if #pend_push > 0 or room_freed then redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'lease') end
+if #pend_push > 0 or room_freed then wake(WAKE, 'lease') end
 if #ready_push > 0 or ready_len == -1 then
-  redis.call('XADD', WAKE, 'MAXLEN', '~', 64, '*', 'w', 'batch', 'n', ready_len)
+  wake(WAKE, 'batch', 'n', ready_len)
 end
 
 local flat = {}

@@ -88,5 +88,5 @@ local summary = cjson.encode({batch_id = bid, created_at = now, policy_version =
   groups = #gids, rollouts = rollouts, stats = stats})
 redis.call('LPUSH', KEYS[7], summary)
 redis.call('LTRIM', KEYS[7], 0, 99)
-redis.call('XADD', KEYS[12], 'MAXLEN', '~', 64, '*', 'w', 'lease')
+wake(KEYS[12], 'lease')
 return {'new', bid}

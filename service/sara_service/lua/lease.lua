@@ -29,41 +29,34 @@
 --          costs one call; dry is 1 when opening groups here found the epoch queue short (the
 --          scheduler starts the next epoch and opens the rest)
 -- Each key is read and written once per batch of popped ids, not once per rollout.
-local wid, lid, want = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local PENDING, SLOTS, INFLIGHT, STATS, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local LEASE, LEASE_ROLLOUTS, WORKERS, GROUP_PROMPT = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local PROMPTS, WORKER_INFO, POLICY, RUN_STATE = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local PROMPTS_RETIRED, WAKE, READY, OPEN_YIELD = KEYS[14], KEYS[15], KEYS[16], KEYS[17]
+local OPEN_GROUPS, GROUP_STATES, POSTERIORS = KEYS[18], KEYS[19], KEYS[20]
+local PROMPTS_OFF, EPOCH_QUEUE = KEYS[21], KEYS[22]
+local function group_key(i) return KEYS[22 + i] end
+local now, wid, lid, want = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local expires_at, key_ttl, backend = ARGV[5], ARGV[6], ARGV[7]
+local requeue_limit, flow_target = tonumber(ARGV[8]), tonumber(ARGV[9])
+local plan_json, audit_fraction, seed, group_ids = ARGV[10], tonumber(ARGV[11]), ARGV[12], ARGV[13]
+
 -- rollouts whose lease ran out go back at the front first (one round trip, not two)
-local expire_limit = tonumber(ARGV[8])
-if expire_limit > 0 then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, expire_limit)
-  if #due > 0 then
-    redis.call('ZREM', KEYS[3], unpack(due))
-    local states = redis.call('HMGET', KEYS[2], unpack(due))
-    local slots, pushes = {}, {}
-    for i = #due, 1, -1 do  -- backwards: pushed onto the front, they keep their order
-      if states[i] and string.sub(states[i], 1, 2) == 'l|' then
-        slots[#slots + 1] = due[i]
-        slots[#slots + 1] = 'p'
-        pushes[#pushes + 1] = due[i]
-      end
-    end
-    if #pushes > 0 then
-      call_chunked('HSET', KEYS[2], slots)
-      call_chunked('LPUSH', KEYS[1], pushes)
-      redis.call('HINCRBY', KEYS[4], 'rollouts_reissued', #pushes)
-      if #pushes > want then redis.call('XADD', KEYS[15], 'MAXLEN', '~', 64, '*', 'w', 'lease') end
-    end
-  end
+if requeue_limit > 0 then
+  local requeued = requeue_expired(INFLIGHT, SLOTS, PENDING, STATS, now, requeue_limit)
+  if requeued > want then wake(WAKE, 'lease') end
 end
 local held = 'l|' .. lid .. '|' .. wid
 local taken, seen = {}, {}
 local got = 0
 -- paused: nothing is leased (pending rollouts wait), but the worker is still seen and gets its
 -- cancels; checked here, in the same script, so no lease slips past a pause
-if redis.call('GET', KEYS[13]) == 'paused' then want = 0 end
+if redis.call('GET', RUN_STATE) == 'paused' then want = 0 end
 local function take()
   while got < want do
-    local popped = redis.call('LPOP', KEYS[1], want - got)
+    local popped = redis.call('LPOP', PENDING, want - got)
     if not popped then break end
-    local states = redis.call('HMGET', KEYS[2], unpack(popped))
+    local states = redis.call('HMGET', SLOTS, unpack(popped))
     for i, rid in ipairs(popped) do
       -- cancelled or already answered slots stay in the queue until popped: skip them here
       if states[i] == 'p' and not seen[rid] then
@@ -80,13 +73,13 @@ take()
 -- plan), while flow control has room; prompts popped but not opened go back to the front.
 local dry = 0
 local function open_for_rest()
-  local target = tonumber(ARGV[9]) * YIELD_UNIT
-  local expected = flow_expected(KEYS[16], KEYS[18], KEYS[17])
-  if redis.call('EXISTS', KEYS[13]) == 1 or expected >= target then return end
-  local plan, gids = cjson.decode(ARGV[10]), {}
-  for gid in string.gmatch(ARGV[13], '%S+') do gids[#gids + 1] = gid end
+  local target = flow_target * YIELD_UNIT
+  local expected = flow_expected(READY, OPEN_GROUPS, OPEN_YIELD)
+  if redis.call('EXISTS', RUN_STATE) == 1 or expected >= target then return end
+  local plan, gids = cjson.decode(plan_json), {}
+  for gid in string.gmatch(group_ids, '%S+') do gids[#gids + 1] = gid end
   local n = math.min(#gids, math.ceil((want - got) / math.max(1, plan.issue)))
-  local pids = redis.call('LPOP', KEYS[22], n) or {}
+  local pids = redis.call('LPOP', EPOCH_QUEUE, n) or {}
   if #pids < n then dry = 1 end
   local specs = {}
   for i, pid in ipairs(pids) do
@@ -94,34 +87,34 @@ local function open_for_rest()
     for field, value in pairs(plan) do spec[field] = value end
     specs[i] = spec
   end
-  local K = {stats = KEYS[4], open = KEYS[18], pending = KEYS[1], slots = KEYS[2],
-    states = KEYS[19], prompt = KEYS[9], posteriors = KEYS[20], off = KEYS[21],
-    yield = KEYS[17], wake = KEYS[15]}
+  local K = {stats = STATS, open = OPEN_GROUPS, pending = PENDING, slots = SLOTS,
+    states = GROUP_STATES, prompt = GROUP_PROMPT, posteriors = POSTERIORS, off = PROMPTS_OFF,
+    yield = OPEN_YIELD, wake = WAKE}
   -- the queue is empty here (take() popped it dry): the new rollouts it would pop next are
   -- handed over directly instead of queued, marked pending, popped and read back; only those
   -- past what the lease wants are queued, so nothing is left for another take()
-  local consumed, handed = open_specs(K, specs, function(i) return KEYS[22 + i] end, target,
-    expected, ARGV[1], tonumber(ARGV[11]), ARGV[12], want - got)
+  local consumed, handed = open_specs(K, specs, group_key, target,
+    expected, now, audit_fraction, seed, want - got)
   for _, rid in ipairs(handed) do taken[#taken + 1] = rid end
   got = got + #handed
   if consumed < #pids then
     local back = {}
     for i = #pids, consumed + 1, -1 do back[#back + 1] = pids[i] end
-    redis.call('LPUSH', KEYS[22], unpack(back))
+    redis.call('LPUSH', EPOCH_QUEUE, unpack(back))
   end
 end
-if got < want and ARGV[10] ~= '' then open_for_rest() end
+if got < want and plan_json ~= '' then open_for_rest() end
 local out, prompts = {}, {}
 if got > 0 then
   local slots, scored, gids = {}, {}, {}
   for i, rid in ipairs(taken) do
     slots[2 * i - 1], slots[2 * i] = rid, held
-    scored[2 * i - 1], scored[2 * i] = ARGV[5], rid
+    scored[2 * i - 1], scored[2 * i] = expires_at, rid
     gids[i] = string.match(rid, '^(.*):%d+$')
   end
-  call_chunked('HSET', KEYS[2], slots)
-  call_chunked('ZADD', KEYS[3], scored)
-  call_chunked('SADD', KEYS[7], taken)
+  call_chunked('HSET', SLOTS, slots)
+  call_chunked('ZADD', INFLIGHT, scored)
+  call_chunked('SADD', LEASE_ROLLOUTS, taken)
   -- each group's prompt looked up once, and each prompt's content sent once, however many of
   -- its rollouts are leased
   local group_list, group_seen = {}, {}
@@ -129,7 +122,7 @@ if got > 0 then
     if not group_seen[gid] then group_seen[gid] = true; group_list[#group_list + 1] = gid end
   end
   local pid_of = {}
-  for i, pid in ipairs(redis.call('HMGET', KEYS[9], unpack(group_list))) do
+  for i, pid in ipairs(redis.call('HMGET', GROUP_PROMPT, unpack(group_list))) do
     pid_of[group_list[i]] = pid
   end
   local unique, seen_pid = {}, {}
@@ -139,38 +132,37 @@ if got > 0 then
     out[#out + 1] = pid
     if not seen_pid[pid] then seen_pid[pid] = true; unique[#unique + 1] = pid end
   end
-  local content = redis.call('HMGET', KEYS[10], unpack(unique))
+  local content = redis.call('HMGET', PROMPTS, unpack(unique))
   local retired = nil
   for i, pid in ipairs(unique) do
     -- a group in flight still runs after its prompt was deleted: its content is retired
     if not content[i] then
-      retired = retired or redis.call('HMGET', KEYS[14], unpack(unique))
+      retired = retired or redis.call('HMGET', PROMPTS_RETIRED, unpack(unique))
       content[i] = retired[i]
     end
     prompts[#prompts + 1] = pid
     prompts[#prompts + 1] = content[i] or ''
   end
   -- a lease topped up by a second call in the same request is still one lease
-  if redis.call('EXISTS', KEYS[6]) == 0 then
-    redis.call('HINCRBY', KEYS[4], 'leases_granted', 1)
-    redis.call('HINCRBY', KEYS[11], wid .. '|leases', 1)
+  if redis.call('EXISTS', LEASE) == 0 then
+    redis.call('HINCRBY', STATS, 'leases_granted', 1)
+    redis.call('HINCRBY', WORKER_INFO, wid .. '|leases', 1)
     -- a result that does not say which version made it takes the one its lease was granted under
-    redis.call('HSET', KEYS[6], 'policy_version', redis.call('HGET', KEYS[12], 'version') or '0')
+    redis.call('HSET', LEASE, 'policy_version', redis.call('HGET', POLICY, 'version') or '0')
   end
-  redis.call('HSET', KEYS[6], 'worker', wid, 'expires_at', ARGV[5])
-  redis.call('EXPIRE', KEYS[6], ARGV[6])
-  redis.call('EXPIRE', KEYS[7], ARGV[6])
-  redis.call('HSETNX', KEYS[11], wid .. '|first_seen', ARGV[1])
+  redis.call('HSET', LEASE, 'worker', wid, 'expires_at', expires_at)
+  redis.call('EXPIRE', LEASE, key_ttl)
+  redis.call('EXPIRE', LEASE_ROLLOUTS, key_ttl)
+  redis.call('HSETNX', WORKER_INFO, wid .. '|first_seen', now)
 end
-redis.call('ZADD', KEYS[8], ARGV[1], wid)
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[11], wid .. '|backend', ARGV[7]) end
-local cancel = redis.call('HGET', KEYS[5], wid) or ''
-if cancel ~= '' then redis.call('HDEL', KEYS[5], wid) end
-local policy = redis.call('HMGET', KEYS[12], 'version', 'checkpoint')
+redis.call('ZADD', WORKERS, now, wid)
+if backend ~= '' then redis.call('HSET', WORKER_INFO, wid .. '|backend', backend) end
+local cancel = redis.call('HGET', CANCELS, wid) or ''
+if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
+local policy = redis.call('HMGET', POLICY, 'version', 'checkpoint')
 local room = 0
-local target = tonumber(ARGV[9])
-if target > 0 and redis.call('EXISTS', KEYS[13]) == 0
-    and flow_expected(KEYS[16], KEYS[18], KEYS[17]) < target * YIELD_UNIT then
+if flow_target > 0 and redis.call('EXISTS', RUN_STATE) == 0
+    and flow_expected(READY, OPEN_GROUPS, OPEN_YIELD) < flow_target * YIELD_UNIT then
   room = 1
 end
 return {out, prompts, cancel, policy[1] or '0', policy[2] or '', room, dry}
