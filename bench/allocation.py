@@ -20,8 +20,8 @@ SARA at τ_low 0.3 / 0.45 / 0.5 with the paper's uniform prior, SARA with histor
 MoPPS (selection over DS), SARA + DPS, and SARA auto (tau_low=auto: cost-aware thresholds
 priced by the pool's yield, `sara_service.autotau`; `sara-auto-tokens`, opt-in, prices it in
 tokens, SARA_AUTO_PRICE=tokens). Pools: `standard` and `drifting` (see
-`bench/_pools.py`), each at k = 8 and 16. Opt-in rows show the rules before issue 13 item 4
-beside the new ones: `sara-history-v0.5` and `mopps-v0.5` (posterior decay 0.5 per policy
+`bench/_pools.py`), each at k = 8 and 16. Opt-in rows show the earlier posterior-memory rules
+beside today's: `sara-history-v0.5` and `mopps-v0.5` (posterior decay 0.5 per policy
 version, no half-life in epochs) and `sara-dps-hard` (DPS learns an abandoned group as a full
 all-fail/all-success label instead of the censored prefix it saw).
 
@@ -155,7 +155,7 @@ METHODS = {m.key: m for m in (
     Method("dps", "DPS (DS)", "dynamic_sampling", selection="dps"),
     Method("mopps", "MoPPS (DS)", "dynamic_sampling", selection="mopps"),
     Method("sara-dps", "SARA+DPS", "sara", selection="dps", tau=0.5),
-    # the rules before issue 13, item 4: λ = 0.5 per policy version, no half-life; hard labels
+    # the earlier rules: λ = 0.5 per policy version, no half-life; hard labels
     Method("sara-history-v0.5", "SARA+hist old", "sara", prior="history", tau=0.5,
            posterior_decay=0.5, half_life=math.inf),
     Method("mopps-v0.5", "MoPPS old", "dynamic_sampling", selection="mopps",
@@ -163,9 +163,9 @@ METHODS = {m.key: m for m in (
     Method("sara-dps-hard", "SARA+DPS old", "sara", selection="dps", tau=0.5,
            dps_censored=False),
     Method("sara-auto", "SARA auto", "sara", tau="auto"),
-    # issue 25 item 4: the same rule priced in tokens (the sim's failures run longer)
+    # the same rule priced in tokens (the sim's failures run longer)
     Method("sara-auto-tokens", "SARA auto tok", "sara", tau="auto", auto_price="tokens"),
-    # issue 27: GRESO's pre-rollout filter (opt-in), alone on DS and under SARA
+    # GRESO's pre-rollout filter (opt-in), alone on DS and under SARA
     Method("greso", "GRESO (DS)", "dynamic_sampling", selection="greso"),
     Method("sara-greso", "SARA+GRESO", "sara", selection="greso", tau=0.5),
 )}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rollouts per effective group under a shaped reward (issue 26), through the real scheduler.
+"""Rollouts per effective group under a shaped reward, through the real scheduler.
 
 The pool: prompts that nothing solves, scored 0.0 (malformed) or 0.1 (well formatted, wrong)
 by default (`--reward-levels`). Each prompt has its own chances over the levels, drawn from a

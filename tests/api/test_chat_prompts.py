@@ -1,6 +1,6 @@
 """Chat prompts (a list of {role, content} messages) through the API: stored, served by
 GET /prompts, leased, and delivered in batches as messages; strings keep working; bad message
-lists are a 422 at the door (issue 15 #2)."""
+lists are a 422 at the door."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ async def test_sdk_report_drops_unknown_ids_and_resends_the_rest(api):
 
 
 async def test_an_unexpected_error_is_a_500_envelope_and_is_not_re_raised(make_app, monkeypatch):
-    """Issue 14 #11: Starlette's server-error handler answers and then re-raises, which makes
+    """Starlette's server-error handler answers and then re-raises, which makes
     uvicorn close the keep-alive connection; the app now answers and stops there."""
     import httpx
 

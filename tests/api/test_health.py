@@ -1,4 +1,4 @@
-"""/healthz and /readyz when Redis goes away (issue 14, finding 6): readiness fails at once,
+"""/healthz and /readyz when Redis goes away: readiness fails at once,
 liveness only once Redis has been unreachable longer than SARA_REDIS_DOWN_LIMIT_S (a restart of
 this process is then worth trying), or at once when its embedded Redis could not be restarted.
 

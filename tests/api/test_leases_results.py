@@ -184,7 +184,7 @@ async def test_worker_holding_an_answered_copy_is_told_to_cancel(api, channel):
 
 
 async def test_cancelled_copy_reported_anyway_is_late_and_teaches_nothing_twice(make_api):
-    # issue 14, finding 9: one slot is one sample; its copy's answer must not count again.
+    # one slot is one sample; its copy's answer must not count again.
     # w2's lease opens another group of the one-prompt pool, an epoch later: no half-life, so
     # the posterior counts plainly (the half-life is tested in tests/store)
     api = await make_api(posterior_half_life=float("inf"))
@@ -200,7 +200,7 @@ async def test_cancelled_copy_reported_anyway_is_late_and_teaches_nothing_twice(
 
 
 async def test_a_result_from_a_non_holder_never_counts_twice_in_the_posterior(api):
-    # issue 14, finding 9: w2 answers a rollout w1 holds (no lease expired); w1's own answer
+    # w2 answers a rollout w1 holds (no lease expired); w1's own answer
     # then is late and must not add the same slot to the posterior a second time
     await api.add(prompt_spec("m", "mixed"))
     r0 = by_slot((await api.lease("w1", 4))["rollouts"])[0]

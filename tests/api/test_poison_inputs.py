@@ -1,4 +1,4 @@
-"""Issue 14: inputs that passed the door and broke a later reader. Each one is now refused at the
+"""Inputs that passed the door and broke a later reader. Each one is now refused at the
 door with a 422 naming the field, and every reader tolerates what an older release stored."""
 
 from __future__ import annotations

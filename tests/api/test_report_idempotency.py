@@ -1,4 +1,4 @@
-"""Idempotent result reports (issue 14, finding 8): a /results call applied whose answer was lost
+"""Idempotent result reports: a /results call applied whose answer was lost
 (a 503 or a timeout after Redis applied it) is retried with the same `report_id`, and the retry
 gets the first call's answer, decisions and cancel list included, instead of "duplicates"."""
 

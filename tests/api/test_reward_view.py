@@ -1,4 +1,5 @@
-"""SARA_EFFECTIVE=reward through the HTTP API on a real Redis: issue 26's shaped-reward scenario.
+"""SARA_EFFECTIVE=reward through the HTTP API on a real Redis: the shaped-reward scenario
+(docs/benchmarks.md, "Shaped rewards").
 
 200 prompts that nothing solves; each answer is well formatted (reward 0.1) or not (0.0) with
 even odds, by a hash of its rollout id. Under the outcome view every group is pure (no reward

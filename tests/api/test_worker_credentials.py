@@ -1,4 +1,4 @@
-"""Per-worker credentials (issue 14, finding 9): with SARA_WORKER_SECRET set, a worker's token is
+"""Per-worker credentials: with SARA_WORKER_SECRET set, a worker's token is
 derived from the secret and its own id, and binds the token to that id: it cannot lease, report,
 heartbeat or release as another worker."""
 

@@ -457,7 +457,7 @@ class LosesAnswers(httpx.AsyncBaseTransport):
 
 
 async def test_a_report_whose_answer_was_lost_is_resent_as_it_was(make_app):
-    # issue 14, finding 8: the worker's own retry sends the same batch with the same report id,
+    # the worker's own retry sends the same batch with the same report id,
     # so the scheduler answers it again (accepted, cancels) instead of counting duplicates
     app = make_app(policy="sara", group_size=4, batch_size=2, prefetch_batches=1)
     admin = sdk(app)

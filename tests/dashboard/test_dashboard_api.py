@@ -139,7 +139,7 @@ def test_token_in_access_log_lines_is_redacted():
                                    "a=1&tok%65n=s3cr3t&b=2", "%74%6F%6B%65%6E=s3cr3t",
                                    "token=s3%63r3t", "x=1;token=s3cr3t", "tok%2565n=s3cr3t"])
 def test_token_is_redacted_however_the_query_encodes_it(query):
-    """Issue 14 #5: the server decodes parameter names, so the filter must too."""
+    """The server decodes parameter names, so the filter must too."""
     line = f"GET /dashboard?{query} HTTP/1.1"
     out = redact(line)
     assert "s3cr3t" not in out and "s3%63r3t" not in out, out

@@ -201,7 +201,7 @@ def test_scheduler(gpu, tokens):
     s = gpu["services"]["scheduler"]
     assert s["build"]["dockerfile"] == "docker/Dockerfile.scheduler"
     assert s["depends_on"]["redis"]["condition"] == "service_healthy"
-    # liveness (issue 14): unhealthy once Redis is gone too long, not during a short outage
+    # liveness: unhealthy once Redis is gone too long, not during a short outage
     assert any(part.endswith("/healthz") for part in s["healthcheck"]["test"])
     assert s["command"][:1] == ["serve"] and "0.0.0.0" in s["command"]
     (port,) = s["ports"]

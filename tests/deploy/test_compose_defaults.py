@@ -1,4 +1,4 @@
-"""`docker compose up` does real work by default (issue 15): Qwen2.5-0.5B-Instruct, GSM8K through
+"""`docker compose up` does real work by default: Qwen2.5-0.5B-Instruct, GSM8K through
 the one-shot loader, GRPO with k = 8 under SARA, the trainer on the GPU next to a vLLM worker that
 leaves it room; the README's line works because scripts/init_env.py writes the tokens."""
 

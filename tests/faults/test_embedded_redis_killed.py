@@ -1,4 +1,4 @@
-"""The embedded redis-server SIGKILLed under `sara serve` (issue 14, finding 6): the scheduler
+"""The embedded redis-server SIGKILLed under `sara serve`: the scheduler
 restarts it on the same port from the same data directory, says so in its log, and nothing that
 was committed is lost; /healthz stays 200 through the short outage, /readyz reports it.
 

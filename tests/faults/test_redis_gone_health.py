@@ -1,4 +1,4 @@
-"""An external Redis gone for good (issue 14, finding 6): `sara serve`'s /healthz turns 503 once
+"""An external Redis gone for good: `sara serve`'s /healthz turns 503 once
 Redis has been unreachable longer than SARA_REDIS_DOWN_LIMIT_S, so an orchestrator restarts the
 process, and back to 200 when Redis returns. Only the upkeep loop observes Redis here (nobody calls
 /readyz), which is how a liveness probe sees it in a deployment.

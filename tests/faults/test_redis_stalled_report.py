@@ -1,4 +1,4 @@
-"""A /results call against a stalled Redis (issue 14, finding 8): the scheduler gives up on it
+"""A /results call against a stalled Redis: the scheduler gives up on it
 (503) but Redis applies it when it resumes. The SDK's retry carries the same report id, so it gets
 that first call's answer, the cancel list it drained included, instead of "duplicates" and an
 empty cancel list that no later call would ever deliver.

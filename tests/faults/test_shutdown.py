@@ -1,4 +1,4 @@
-"""SIGTERM during long polls (issue 14, finding 7): `sara serve` answers every long poll at once,
+"""SIGTERM during long polls: `sara serve` answers every long poll at once,
 empty (a lease with no rollouts, /batches/next 204), and exits well inside Docker's default 10 s
 grace, instead of waiting out the polls' `wait_s`.
 

@@ -8,7 +8,7 @@ past 2**53 (up to 10**400), ids made of dots or holding ':' (a lease id with ':r
 it), unknown finish reasons, results for rollouts another worker holds, the clock moved past
 lease and ack timeouts. Whatever a call answers, it must not be a 5xx; and after every step the
 readers the issue names (/leases, /results, /batches/next, /stats, /metrics, /groups/{id},
-/prompts/{id}) must answer without a 5xx for every id seen so far (issue 14).
+/prompts/{id}) must answer without a 5xx for every id seen so far.
 
 It runs in CI: derandomized, 25 sequences of up to 25 steps, well under a minute. For a longer
 hunt, `SARA_FUZZ_EXAMPLES=500` runs that many random (not derandomized) sequences.

@@ -1,5 +1,5 @@
 """Chat prompts render to the same token ids on the worker (hf and vllm backends) and in the
-trainer (issue 15 #2): the trainer must score the completion after exactly the prompt tokens the
+trainer: the trainer must score the completion after exactly the prompt tokens the
 engine generated from. The tiny policy's tokenizer carries a chat template (sara_trainer.tiny)."""
 
 from __future__ import annotations

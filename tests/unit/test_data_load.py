@@ -1,4 +1,4 @@
-"""Real prompt sets in (issue 15 #1): answer extraction, recipes, field mapping, and the JSONL,
+"""Real prompt sets in: answer extraction, recipes, field mapping, and the JSONL,
 parquet and Hugging Face readers on the fixture files under tests/fixtures/data (written for these
 tests in the public datasets' formats, not copied from them), through the library and
 `sara load`."""

@@ -1,4 +1,4 @@
-"""Key names: no id a client may send names another key (issue 14, finding 4)."""
+"""Key names: no id a client may send names another key."""
 
 from __future__ import annotations
 

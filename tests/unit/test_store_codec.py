@@ -1,4 +1,4 @@
-"""store_codec: what older releases stored reads back instead of failing (issue 14)."""
+"""store_codec: what older releases stored reads back instead of failing."""
 
 from __future__ import annotations
 

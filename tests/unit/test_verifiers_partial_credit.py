@@ -1,4 +1,4 @@
-"""Verifiers with partial credit (issue 26): the `format:` wrapper and countdown's credit for
+"""Verifiers with partial credit: the `format:` wrapper and countdown's credit for
 closeness; both keep `score`'s promise never to raise."""
 
 from __future__ import annotations
