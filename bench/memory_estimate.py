@@ -3,8 +3,8 @@ memory split): nothing is downloaded. The probe of sara_trainer.memory runs on r
 copies of the shape with one and with two layers, and the per-layer growth extrapolates to the
 full depth (every decoder layer is the same shape); parameters are counted on the meta device.
 
-    python bench/memory_estimate.py [--micro-batch-tokens 16384] [--checkpointing|--no-checkpointing]
-                                    [--autocast bf16|none] [--models 0.5B,1.5B,3B]
+    python bench/memory_estimate.py [--micro-batch-tokens 16384]
+        [--checkpointing|--no-checkpointing] [--autocast bf16|none] [--models 0.5B,1.5B,3B]
 
 Prints one line per model: parameters, and the estimate's parts in GiB. An estimate, not a
 measurement: the first step of `sara train` prints what it measured beside it.

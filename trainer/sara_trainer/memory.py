@@ -2,12 +2,13 @@
 said before the first step runs (so an OOM is predicted in the log, not discovered by a crash
 loop that restarts into the same OOM), and the measured peak of that step beside it.
 
-The activation part is measured, not assumed: three probe rows run through the model's body with a
-hook on what autograd saves for backward, which gives the bytes kept per token (and per squared
-token, for attention weights) for this model, attention implementation and dtype. A formula per layer (Megatron's 34 bytes per token and hidden
-width at 16 bits) fits one architecture; the probe fits any. The measurement is the growth of the
-peak resident set over the first step on CPU (the kernel's high-water mark, reset just before),
-and the peak of allocated memory on CUDA.
+The activation part is measured, not assumed: three probe rows run through the model's body
+with a hook on what autograd saves for backward, which gives the bytes kept per token (and per
+squared token, for attention weights) for this model, attention implementation and dtype. A
+formula per layer (Megatron's 34 bytes per token and hidden width at 16 bits) fits one
+architecture; the probe fits any. The measurement is the growth of the peak resident set over
+the first step on CPU (the kernel's high-water mark, reset just before), and the peak of
+allocated memory on CUDA.
 """
 
 from __future__ import annotations
