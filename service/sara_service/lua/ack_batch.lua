@@ -3,28 +3,22 @@
 -- KEYS[4] = group_states hash   KEYS[5] = gc zset
 -- ARGV[1] = now   ARGV[2] = batch_id   ARGV[3] = retention_s
 -- returns 'unknown' | 'already' | 'ok'
-local state = redis.call('HGET', KEYS[1], 'state')
+local BATCH, UNACKED, STATS, GROUP_STATES, GC = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local now, batch_id, retention = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local state = redis.call('HGET', BATCH, 'state')
 if not state then return 'unknown' end
 if state == 'acked' then return 'already' end
-local retention = tonumber(ARGV[3])
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[1], 'state', 'acked', 'acked_at', ARGV[1])
-redis.call('EXPIRE', KEYS[1], math.ceil(retention))
+redis.call('ZREM', UNACKED, batch_id)
+redis.call('HSET', BATCH, 'state', 'acked', 'acked_at', ARGV[1])
+redis.call('EXPIRE', BATCH, math.ceil(retention))
 local n, states, gc = 0, {}, {}
-local function flush()  -- a few thousand arguments per command: Lua's unpack stops near 8000
-  if #states > 0 then
-    redis.call('HSET', KEYS[4], unpack(states))
-    redis.call('ZADD', KEYS[5], unpack(gc))
-    states, gc = {}, {}
-  end
-end
-for gid in string.gmatch(redis.call('HGET', KEYS[1], 'groups'), '[^,]+') do
+for gid in string.gmatch(redis.call('HGET', BATCH, 'groups'), '[^,]+') do
   states[#states + 1] = gid; states[#states + 1] = 'acked'
-  gc[#gc + 1] = tonumber(ARGV[1]) + retention; gc[#gc + 1] = gid
+  gc[#gc + 1] = now + retention; gc[#gc + 1] = gid
   n = n + 1
-  if #states >= 3000 then flush() end
 end
-flush()
-redis.call('HINCRBY', KEYS[3], 'batches_acked', 1)
-redis.call('HINCRBY', KEYS[3], 'groups_acked', n)
+call_chunked('HSET', GROUP_STATES, states)
+call_chunked('ZADD', GC, gc)
+redis.call('HINCRBY', STATS, 'batches_acked', 1)
+redis.call('HINCRBY', STATS, 'groups_acked', n)
 return 'ok'

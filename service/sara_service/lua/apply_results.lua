@@ -137,7 +137,8 @@ local function count_up(field, n) incr[field] = (incr[field] or 0) + n end
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
 -- The pool's clock, in epochs: prompts consumed (groups opened + prompts skipped) per prompt.
 -- A prompt is visited about once per epoch whatever the number of policy versions in between,
--- so a half-life on this clock keeps its history until its next visit (scheduler.pool_clock).
+-- so a half-life on this clock keeps its history until its next visit (the store reads the
+-- same clock as store.pool_clock).
 local function pool_clock()
   local n = redis.call('HLEN', PROMPTS)
   if n == 0 then return 0 end

@@ -5,24 +5,27 @@
 -- ARGV[5] = key_ttl_s (the lease keys must outlive every extension)
 -- returns {'unknown'} (no such lease, or it holds no rollout any more: all answered or expired
 --         and issued again) | {'not_yours', owner} | {'ok', cancel ids (space separated)}
-local owner = redis.call('HGET', KEYS[1], 'worker')
+local LEASE, LEASE_ROLLOUTS, INFLIGHT, SLOTS, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local WORKERS = KEYS[6]
+local now, wid, lid, expires_at, key_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local owner = redis.call('HGET', LEASE, 'worker')
 if not owner then return {'unknown'} end
-if owner ~= ARGV[2] then return {'not_yours', owner} end
-local held = 'l|' .. ARGV[3] .. '|' .. ARGV[2]
+if owner ~= wid then return {'not_yours', owner} end
+local held = 'l|' .. lid .. '|' .. wid
 local still_held = 0
-for _, rid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  if redis.call('HGET', KEYS[4], rid) == held then
-    redis.call('ZADD', KEYS[3], ARGV[4], rid)
+for _, rid in ipairs(redis.call('SMEMBERS', LEASE_ROLLOUTS)) do
+  if redis.call('HGET', SLOTS, rid) == held then
+    redis.call('ZADD', INFLIGHT, expires_at, rid)
     still_held = still_held + 1
   else
-    redis.call('SREM', KEYS[2], rid)
+    redis.call('SREM', LEASE_ROLLOUTS, rid)
   end
 end
 if still_held == 0 then return {'unknown'} end
-redis.call('HSET', KEYS[1], 'expires_at', ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[5])
-redis.call('ZADD', KEYS[6], ARGV[1], ARGV[2])
-local cancel = redis.call('HGET', KEYS[5], ARGV[2]) or ''
-redis.call('HDEL', KEYS[5], ARGV[2])
+redis.call('HSET', LEASE, 'expires_at', expires_at)
+redis.call('EXPIRE', LEASE, key_ttl)
+redis.call('EXPIRE', LEASE_ROLLOUTS, key_ttl)
+redis.call('ZADD', WORKERS, now, wid)
+local cancel = redis.call('HGET', CANCELS, wid) or ''
+redis.call('HDEL', CANCELS, wid)
 return {'ok', cancel}

@@ -19,13 +19,18 @@
 -- returns the number of specs consumed (a prefix of the list: the rest did not fit): opened, or
 --         passed over because their prompt is disabled or deleted. 0 while the run is paused or
 --         draining: the check lives here so no replica can open a group after a pause is set.
-if redis.call('EXISTS', KEYS[9]) == 1 then return 0 end
-local target = tonumber(ARGV[2]) * YIELD_UNIT
-local specs = cjson.decode(ARGV[3])
-local expected = flow_expected(KEYS[3], KEYS[2], KEYS[11])
-if tonumber(ARGV[4]) > 0 then redis.call('HINCRBY', KEYS[1], 'groups_skipped', ARGV[4]) end
-local K = {stats = KEYS[1], open = KEYS[2], pending = KEYS[4], slots = KEYS[5],
-  states = KEYS[6], prompt = KEYS[7], posteriors = KEYS[8], off = KEYS[10], yield = KEYS[11],
-  wake = KEYS[12]}
-return (open_specs(K, specs, function(i) return KEYS[12 + i] end, target, expected, ARGV[1],
-  tonumber(ARGV[5]), ARGV[6], 0))
+local STATS, OPEN_GROUPS, READY, PENDING, SLOTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local GROUP_STATES, GROUP_PROMPT, POSTERIORS, RUN_STATE = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local PROMPTS_OFF, OPEN_YIELD, WAKE = KEYS[10], KEYS[11], KEYS[12]
+local function group_key(i) return KEYS[12 + i] end
+local now, flow_target, specs_json, skipped = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local audit_fraction, seed = tonumber(ARGV[5]), ARGV[6]
+if redis.call('EXISTS', RUN_STATE) == 1 then return 0 end
+local target = flow_target * YIELD_UNIT
+local specs = cjson.decode(specs_json)
+local expected = flow_expected(READY, OPEN_GROUPS, OPEN_YIELD)
+if skipped > 0 then redis.call('HINCRBY', STATS, 'groups_skipped', ARGV[4]) end
+local K = {stats = STATS, open = OPEN_GROUPS, pending = PENDING, slots = SLOTS,
+  states = GROUP_STATES, prompt = GROUP_PROMPT, posteriors = POSTERIORS, off = PROMPTS_OFF,
+  yield = OPEN_YIELD, wake = WAKE}
+return (open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed, 0))

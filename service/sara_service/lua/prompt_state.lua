@@ -4,19 +4,20 @@
 -- KEYS[4] = prompts_retired hash
 -- ARGV[1] = action: 'disable' | 'enable' | 'delete'   ARGV[2] = prompt_id
 -- returns 'unknown' (no such prompt) or the prompt's state now: 'disabled' | 'enabled' | 'deleted'
+local PROMPTS, POSTERIORS, PROMPTS_OFF, PROMPTS_RETIRED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local action, pid = ARGV[1], ARGV[2]
-local content = redis.call('HGET', KEYS[1], pid)
+local content = redis.call('HGET', PROMPTS, pid)
 if not content then return 'unknown' end
 if action == 'disable' then
-  redis.call('HSET', KEYS[3], pid, 'disabled')
+  redis.call('HSET', PROMPTS_OFF, pid, 'disabled')
   return 'disabled'
 elseif action == 'enable' then
-  redis.call('HDEL', KEYS[3], pid)
+  redis.call('HDEL', PROMPTS_OFF, pid)
   return 'enabled'
 end
 -- delete: out of the pool and the listing; content kept aside for groups still in flight
-redis.call('HDEL', KEYS[1], pid)
-redis.call('HDEL', KEYS[2], pid)
-redis.call('HSET', KEYS[4], pid, content)
-redis.call('HSET', KEYS[3], pid, 'deleted')
+redis.call('HDEL', PROMPTS, pid)
+redis.call('HDEL', POSTERIORS, pid)
+redis.call('HSET', PROMPTS_RETIRED, pid, content)
+redis.call('HSET', PROMPTS_OFF, pid, 'deleted')
 return 'deleted'
