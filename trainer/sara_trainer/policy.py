@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from sara_client.chat import chat_messages, is_chat, render_prompt
+from sara_client.hf_compat import cache_argument, returned_cache
 
 from .checkpoint import OPTIMIZER_FILE, STATE_FILE, latest_checkpoint, resolve
 
@@ -252,8 +253,9 @@ def _generate(model, rows: list[list[int]], max_new: int, temperature: float,
     ids, mask = _left_padded(rows, pad, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     result = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    past, logits = result.past_key_values, result.logits[:, -1]
+    past, logits = returned_cache(result), result.logits[:, -1]
     next_pos = positions[:, -1] + 1
+    cache_name = cache_argument(model)
     n = len(rows)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
@@ -268,8 +270,8 @@ def _generate(model, rows: list[list[int]], max_new: int, temperature: float,
             break
         mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
         result = model(input_ids=token.unsqueeze(-1), attention_mask=mask,
-                       position_ids=next_pos.unsqueeze(-1), past_key_values=past, use_cache=True)
-        past, logits = result.past_key_values, result.logits[:, -1]
+                       position_ids=next_pos.unsqueeze(-1), use_cache=True, **{cache_name: past})
+        past, logits = returned_cache(result), result.logits[:, -1]
         next_pos = next_pos + 1
     return _cut_at_eos(torch.stack(tokens, dim=1).cpu().tolist(),
                        torch.stack(logps, dim=1).cpu().tolist(), eos)

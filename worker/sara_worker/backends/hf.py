@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sara_client.chat import render_prompt
+from sara_client.hf_compat import cache_argument, returned_cache
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
@@ -410,7 +411,7 @@ class HFBackend(ObservableProgress, BaseBackend):
         with torch.inference_mode():
             out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                use_cache=True)
-        state = _Batch(out.past_key_values, mask, positions[:, -1] + 1)
+        state = _Batch(returned_cache(out), mask, positions[:, -1] + 1)
         return state, self._sample(out.logits[:, -1, :], rows)
 
     def _decode(self, loaded: _Loaded, state: _Batch, keep: list[int], last: list[int],
@@ -427,9 +428,9 @@ class HFBackend(ObservableProgress, BaseBackend):
         ids = torch.tensor(last, dtype=torch.long, device=self.device).unsqueeze(1)
         with torch.inference_mode():
             out = loaded.model(input_ids=ids, attention_mask=state.mask,
-                               position_ids=state.positions.unsqueeze(1),
-                               past_key_values=state.cache, use_cache=True)
-        state.cache = out.past_key_values
+                               position_ids=state.positions.unsqueeze(1), use_cache=True,
+                               **{cache_argument(loaded.model): state.cache})
+        state.cache = returned_cache(out)
         state.positions = state.positions + 1
         return self._sample(out.logits[:, -1, :], rows)
 
