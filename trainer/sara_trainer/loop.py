@@ -47,7 +47,7 @@ import torch
 from .checkpoint import OPTIMIZER_FILE, latest_checkpoint
 from .config import TrainerConfig
 from .fit import autocast_dtype, prepare_model, resolve_device, resolve_dtype
-from .memory import PROBE_TOKENS, FirstStepMemory
+from .memory import PROBE_TOKENS, ActivationModel, FirstStepMemory
 from .policy import disable_dropout, load_checkpoint, load_policy
 from .ppo import PPOCritic
 from .publishing import Publishing
@@ -132,12 +132,7 @@ class Trainer(Updating, Publishing):
             self.step, self.version, self.checkpoint = 0, 0, None
             self.reference_path = str(cfg.model)
         disable_dropout(self.model)
-        activations = prepare_model(self.model, cfg, self.autocast)
-        compute = str(self.autocast or self.dtype).removeprefix("torch.")
-        at = PROBE_TOKENS
-        say(f"trainer on {cfg.device}: weights {str(self.dtype).removeprefix('torch.')}, "
-            f"compute {compute}; activations {activations.row_bytes(at) / at / 1024:.1f} KiB a "
-            f"token in rows of {at} (measured); the memory estimate comes with the first batch")
+        activations = self._prepare()
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
@@ -145,16 +140,27 @@ class Trainer(Updating, Publishing):
             self.optimizer.load_state_dict(torch.load(Path(resumed) / OPTIMIZER_FILE,
                                                       map_location=cfg.device))
         self.critic = PPOCritic.create(cfg, resumed) if cfg.advantage_estimator == "gae" else None
-        critic_parameters = 0 if self.critic is None else sum(
-            p.numel() for p in self.critic.model.parameters())
+        critic = sum(p.numel() for p in self.critic.model.parameters()) if self.critic else 0
         self.memory = FirstStepMemory(self.model, activations, cfg.device, cfg.kl_coef > 0, say,
-                                      critic_parameters)
+                                      critic)
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference, _ = load_policy(self.reference_path, device=cfg.device,
                                             dtype=self.dtype)
             self.reference.eval().requires_grad_(False)
         self._sync_policy()
+
+    def _prepare(self) -> ActivationModel:
+        """The model readied for training (its activation memory probed first), and the
+        trainer's first line: device, dtypes and what a token's activations weigh."""
+        activations = prepare_model(self.model, self.config, self.autocast)
+        weights = str(self.dtype).removeprefix("torch.")
+        compute = str(self.autocast or self.dtype).removeprefix("torch.")
+        at = PROBE_TOKENS
+        say(f"trainer on {self.config.device}: weights {weights}, compute {compute}; activations "
+            f"{activations.row_bytes(at) / at / 1024:.1f} KiB a token in rows of {at} "
+            f"(measured); the memory estimate comes with the first batch")
+        return activations
 
     def _sync_policy(self) -> None:
         """Agree with the scheduler on the policy version before the first step."""
