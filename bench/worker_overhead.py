@@ -200,7 +200,6 @@ class InProcessScheduler:
 
 
 async def service_round(backend, args, scheduler, tag: str) -> Round:
-    from sara_client import AsyncSaraClient
     from sara_worker.loop import WorkerLoop
     from sara_worker.support import WorkerConfig
 

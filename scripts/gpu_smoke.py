@@ -192,7 +192,10 @@ def cmd_summary(d: str, steps: int, has_vllm: bool, train_rc: int) -> int:
     """Read trainer.log, worker-*.log and gpu-mem.csv in `d`, write summary.json, print the
     verdict; 0 when every check passed, else 1."""
     root = Path(d)
-    read = lambda name: (root / name).read_text(errors="replace") if (root / name).exists() else ""
+
+    def read(name: str) -> str:
+        return (root / name).read_text(errors="replace") if (root / name).exists() else ""
+
     train = read("trainer.log")
     done = [dict(zip(("step", "version", "groups", "reward", "loss", "seconds"), m.groups()))
             for m in STEP.finditer(train)]

@@ -59,7 +59,7 @@ def list_prompts(
 def _each(ids: list[str], url: str, token: str | None, what: str,
           fn: Callable[[Any, str], Any]) -> None:
     for pid in ids:
-        out = _call(url, token, f"{what} {pid}", lambda c: fn(c, pid))
+        out = _call(url, token, f"{what} {pid}", lambda c, pid=pid: fn(c, pid))
         typer.echo(f"{out.id}\t{out.state}")
 
 

@@ -22,15 +22,15 @@ FIELDS = ("run", "worker_id", "batch_id", "lease_id", "step", "policy_version")
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("sara_log_context",
-                                                                         default={})
+# no default (it would be one dict shared by every context): readers pass a fresh empty one
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("sara_log_context")
 
 
 @contextlib.contextmanager
 def log_context(**fields: Any) -> Iterator[None]:
     """Add `fields` (see FIELDS) to every JSON line logged inside the block, in this task or
     thread only (a contextvar, so concurrent requests do not mix)."""
-    token = _context.set({**_context.get(), **fields})
+    token = _context.set({**_context.get({}), **fields})
     try:
         yield
     finally:
@@ -51,7 +51,7 @@ class JsonFormatter(logging.Formatter):
                 timespec="milliseconds"),
             "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
         out.update(self.static)
-        out.update(_context.get())
+        out.update(_context.get({}))
         out.update({f: getattr(record, f) for f in FIELDS if getattr(record, f, None) is not None})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

@@ -260,7 +260,7 @@ async def _take_batches(client: Any, loop: WorkerLoop, batches: list[Batch],
         seen = loop.counters.reported
         batch = await client.next_batch(wait_s=0)
         if batch is None:
-            assert await loop.wait_for(lambda: loop.counters.reported != seen, TIMEOUT)
+            assert await loop.wait_for(lambda seen=seen: loop.counters.reported != seen, TIMEOUT)
             continue
         await client.ack(batch.batch_id)
         batches.append(batch)

@@ -580,7 +580,10 @@ class StoreMachine(RuleBasedStateMachine):
 
         # issued = completed + cancelled + in flight, from Redis' own slot states
         in_flight = sum(1 for v in slots.values() if decode_slot(v).kind in ("pending", "leased"))
-        get = lambda name: stats.get(name, 0.0)
+
+        def get(name: str) -> float:
+            return stats.get(name, 0.0)
+
         assert get("rollouts_issued") == (get("rollouts_completed") + get("rollouts_cancelled")
                                           + in_flight)
         assert in_flight == len(self.in_state("p", "l"))

@@ -27,6 +27,21 @@ async def _run(store: Store, ids: list[str]) -> None:
     await store.redis.lpop(store.keys.epoch_queue)
 
 
+def _read(r, key: bytes, kind: str):
+    """The awaitable that reads `key`'s content by its Redis type."""
+    if kind == "string":
+        return r.get(key)
+    if kind == "hash":
+        return r.hgetall(key)
+    if kind == "list":
+        return r.lrange(key, 0, -1)
+    if kind == "zset":
+        return r.zrange(key, 0, -1, withscores=True)
+    if kind == "set":
+        return r.smembers(key)
+    return r.xlen(key)  # the wake stream, by length: its entry ids are times
+
+
 async def dump(store: Store) -> dict:
     """Every key of the namespace, by name without the namespace, with its content (the wake
     stream by length: its entry ids are times)."""
@@ -35,12 +50,7 @@ async def dump(store: Store) -> dict:
     async for key in r.scan_iter(match=store.keys.prefix + "*"):
         name = key.decode()[len(store.keys.prefix):]
         kind = (await r.type(key)).decode()
-        out[name] = {
-            "string": lambda: r.get(key), "hash": lambda: r.hgetall(key),
-            "list": lambda: r.lrange(key, 0, -1), "zset": lambda: r.zrange(key, 0, -1,
-                                                                          withscores=True),
-            "set": lambda: r.smembers(key), "stream": lambda: r.xlen(key)}[kind]
-        out[name] = await out[name]()
+        out[name] = await _read(r, key, kind)
     return out
 
 
