@@ -149,7 +149,7 @@ say "sara train on $DEVICE for $STEPS steps"
 TRAIN_ARGS=(--model "$WORK/model" --url "$URL" --checkpoint-dir "$WORK/ckpt" --steps "$STEPS"
             --device "$DEVICE" --micro-batch-tokens 256 --gradient-checkpointing
             --checkpoint-every "$STEPS" --publish-every 1 --lr 1e-3 --threads 1
-            --set k=4 --set batch_groups=4 --set batch_wait_s=10
+            --set batch_wait_s=10
             --report-to jsonl --logging-dir "$WORK/runs")  # $OUT: at most 8 files come back
 timeout "$TIMEOUT" "${SMOKE[@]}" train "${TRAIN_ARGS[@]}" > "$LOGS/trainer.log" 2>&1
 TRAIN_RC=$?

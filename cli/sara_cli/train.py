@@ -47,8 +47,9 @@ def train(
     log_format: LogFormatOpt = None,
     settings: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Any other TrainerConfig field as KEY=VALUE, repeatable: e.g. "
-                      "critic_lr=1e-3, gae_lambda=0.95, critic_warmup_steps=5, "
-                      "batch_groups=64.")] = None,
+                      "critic_lr=1e-3, gae_lambda=0.95, clip_eps_high=0.28. Group size, batch "
+                      "size and sampling are the scheduler's settings (SARA_GROUP_SIZE, ...).")
+    ] = None,
     report_to: Annotated[str, typer.Option(
         help="Experiment tracking, comma-separated: tensorboard, wandb, mlflow, jsonl, all or "
              "none (each but jsonl needs its extra; WANDB_MODE=offline works offline).")
@@ -65,8 +66,7 @@ def train(
                   advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
                   checkpoint_every=checkpoint_every, publish_every=publish_every, device=device,
                   dtype=dtype, micro_batch_tokens=micro_batch_tokens,
-                  gradient_checkpointing=gradient_checkpointing, threads=threads,
-                  service_url=url)
+                  gradient_checkpointing=gradient_checkpointing, threads=threads)
     fields.update(option_values(settings or [], "--set"))
     config = _config(fields)
     reporter = _make_reporter(report_to, logging_dir, run_name, config)

@@ -262,6 +262,10 @@ class Batch(AnswerModel):
     redelivered: bool = False
     groups: list[BatchGroup]
     stats: BatchStats
+    sampling: SamplingParams | None = Field(
+        None, description="The scheduler's sampling settings, which the rollouts were generated "
+                          "with: the trainer takes logprobs at its temperature and normalises "
+                          "Dr. GRPO's loss by its max_tokens.")
 
 
 class AckResponse(AnswerModel):

@@ -116,11 +116,9 @@ def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):
 
     fields: dict[str, Any] = dict(
         model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
-        threads=cfg.rl_threads, lr=cfg.lr, k=cfg.group_size, batch_groups=cfg.batch_groups,
-        micro_batch_rollouts=512, advantage_estimator=cfg.advantage_estimator,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=1.0, max_steps=cfg.rl_steps, checkpoint_every=1, keep_checkpoints=3,
-        batch_wait_s=5.0, sft_seconds=cfg.sft_seconds, lr_warmup_steps=cfg.lr_warmup_steps)
+        threads=cfg.rl_threads, lr=cfg.lr, micro_batch_rollouts=512,
+        advantage_estimator=cfg.advantage_estimator, max_steps=cfg.rl_steps, checkpoint_every=1,
+        keep_checkpoints=3, batch_wait_s=5.0, lr_warmup_steps=cfg.lr_warmup_steps)
     fields.update(cfg.trainer_options)   # the options win over the demo's choices
     return TrainerConfig(**fields)
 

@@ -73,7 +73,8 @@ def stored_result(raw: bytes) -> orjson.Fragment:
 
 
 def batch_answer(batch_id: str, policy_version: int, created_at: float, redelivered: bool,
-                 groups: Sequence[BatchGroupRows], stats: BatchStats) -> bytes:
+                 groups: Sequence[BatchGroupRows], stats: BatchStats,
+                 sampling: SamplingParams) -> bytes:
     """A Batch's JSON: each group's stored prompt and results, in slot order. Every value in it
     is a number, a string, or JSON that was written by a model, so orjson writes all of it."""
     rows = [{"group_id": gid, "prompt_id": pid, "prompt": prompt.get("prompt", ""),
@@ -82,4 +83,5 @@ def batch_answer(batch_id: str, policy_version: int, created_at: float, redelive
             for gid, pid, prompt, results in groups]
     return orjson.dumps({"batch_id": batch_id, "policy_version": policy_version,
                          "created_at": created_at, "redelivered": redelivered, "groups": rows,
-                         "stats": orjson.Fragment(stats.model_dump_json())})
+                         "stats": orjson.Fragment(stats.model_dump_json()),
+                         "sampling": orjson.Fragment(sampling.model_dump_json())})

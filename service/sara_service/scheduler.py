@@ -478,7 +478,8 @@ class Scheduler:
         stats = BatchStats.model_validate_json(meta["stats"])
         stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
         return batch_answer(batch_id, stored_int(meta["policy_version"]),
-                            float(meta["created_at"]), redelivered, groups, stats)
+                            float(meta["created_at"]), redelivered, groups, stats,
+                            self._sampling)
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""

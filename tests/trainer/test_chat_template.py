@@ -130,8 +130,8 @@ def test_gsm8k_recipe_through_the_hf_worker_and_a_trainer_step(tmp_path):
     data = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "gsm8k_sample.jsonl"
     prompts = load_prompts(str(data), mapping_for("gsm8k")).prompts
     policy = build_tiny_policy(tmp_path / "policy", TinyConfig(context=320))  # prompts ~250 chars
-    cfg = TrainerConfig(model=str(policy), checkpoint_dir=str(tmp_path / "ckpt"), k=4,
-                        batch_groups=2, lr=1e-3, max_new_tokens=6, checkpoint_every=1,
+    cfg = TrainerConfig(model=str(policy), checkpoint_dir=str(tmp_path / "ckpt"),
+                        lr=1e-3, checkpoint_every=1,
                         keep_checkpoints=1, batch_wait_s=0.0, threads=1, max_steps=1)
     with sara_client.local(data_dir=tmp_path / "redis", redis_url=None, group_size=4,
                            batch_size=2, prefetch_batches=1, max_tokens=6,

@@ -32,7 +32,7 @@ def _perturb(model, seed):
 def test_save_load_gives_identical_logits_and_state(tiny, tmp_path):
     model, tokenizer = tiny
     _perturb(model, 1)
-    config = TrainerConfig(lr=3e-5, k=4, advantage_estimator="rloo", seed=11)
+    config = TrainerConfig(lr=3e-5, advantage_estimator="rloo", seed=11)
     path = ckpt.save_checkpoint(tmp_path, model, tokenizer, step=7, policy_version=3,
                                 config=config, extra={"note": "x"})
     assert path == tmp_path / "step-000007"

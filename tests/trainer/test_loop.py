@@ -71,8 +71,8 @@ def _prompts(n: int = 40) -> list[dict]:
 
 
 def _config(tiny_dir, tmp_path, **over) -> TrainerConfig:
-    base = dict(model=str(tiny_dir), checkpoint_dir=str(tmp_path / "ckpt"), k=K,
-                batch_groups=BATCH, lr=1e-3, max_new_tokens=6, checkpoint_every=1,
+    base = dict(model=str(tiny_dir), checkpoint_dir=str(tmp_path / "ckpt"),
+                lr=1e-3, checkpoint_every=1,
                 keep_checkpoints=2, batch_wait_s=0.0, threads=2, max_steps=2)
     base.update(over)
     return TrainerConfig(**base)
@@ -188,6 +188,26 @@ def test_behaviour_logprobs_kl_and_estimators(tiny_dir, tmp_path):
     state = json.loads((latest_checkpoint(cfg.checkpoint_dir) / "trainer_state.json").read_text())
     assert state["config"]["advantage_estimator"] == "rloo"
     assert state["extra"]["trained_batches"] == [report.batch_id]
+
+
+def test_the_sampling_comes_with_the_batch_from_the_scheduler(tiny_dir, tmp_path, monkeypatch):
+    """The scheduler's temperature and max_tokens are the only ones: the batch carries them, and
+    at temperature 0.5 the workers' raw (temperature 1) logprobs are not the ratio's
+    denominator, where at 1 they are (test above)."""
+    model, tokenizer = load_policy(tiny_dir)
+    seen = []
+    update = Trainer.update
+    monkeypatch.setattr(Trainer, "update",
+                        lambda self, groups, sampling=None: seen.append(sampling) or
+                        update(self, groups, sampling))
+    with sara_client.local(data_dir=tmp_path / "redis", redis_url=None, group_size=K,
+                           batch_size=BATCH, prefetch_batches=PREFETCH, max_tokens=5,
+                           temperature=0.5, max_staleness=4) as sara:
+        sara.add_prompts(_prompts())
+        ScriptedWorker(sara, model, tokenizer).fill()
+        [report] = Trainer(sara, _config(tiny_dir, tmp_path, max_steps=1)).run(timeout_s=5)
+    assert [(s.temperature, s.max_tokens) for s in seen] == [(0.5, 5)]
+    assert report.metrics["off_policy"] == 0.0
 
 
 def test_redelivered_batch_already_trained_is_only_acked(tiny_dir, tmp_path, caplog):

@@ -47,7 +47,7 @@ with sara_client.local(data_dir=tmp / "redis", redis_url=None, group_size=16, ba
              "completion_tokens": len(text)}
             for i, r in enumerate(lease.rollouts)])
     config = TrainerConfig(model=str(policy), checkpoint_dir=str(tmp / "ckpt"), lr=1e-3,
-                           max_new_tokens=16, checkpoint_every=100, batch_wait_s=0.0, threads=1,
+                           checkpoint_every=100, batch_wait_s=0.0, threads=1,
                            max_steps=1, micro_batch_rollouts=512)
     assert len(Trainer(sara, config).run(timeout_s=30)) == 1
 """

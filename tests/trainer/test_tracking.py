@@ -126,7 +126,7 @@ def test_sara_train_report_to_writes_tensorboard_and_jsonl(tiny_dir, tmp_path, m
         result = CliRunner().invoke(cli.app, [
             "train", "--model", str(tiny_dir), "--url", "http://scheduler:9",
             "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "2", "--threads", "1",
-            "--set", "batch_groups=2", "--set", "k=4", "--set", "batch_wait_s=0",
+            "--set", "batch_wait_s=0",
             "--report-to", "tensorboard,jsonl", "--logging-dir", str(tmp_path / "runs")])
         assert result.exit_code == 0, result.output
     lines = _read_jsonl(tmp_path / "runs" / "metrics.jsonl")

@@ -87,13 +87,14 @@ def test_a_batch_answer_is_the_models_answer():
     groups = [("g1", "p1", PROMPTS[0], blobs[:2]), ("g2", "p2", PROMPTS[1], blobs[2:]),
               ("g3", "p3", {}, [])]
     stats = BatchStats(rollouts_spent=24, ds_rollouts_per_effective_group=12.5)
-    raw = batch_answer("b1", 3, 99.25, True, groups, stats)
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, seed=1)
+    raw = batch_answer("b1", 3, 99.25, True, groups, stats, sampling)
     rollouts = [[BatchRollout.model_validate(decode) for decode in
                  (json.loads(b.replace(b"null]", FLOOR_LOGPROB_TEXT)) for b in group[3])]
                 for group in groups]
     expected = Batch(
         batch_id="b1", policy_version=3, created_at=99.25, redelivered=True, stats=stats,
-        groups=[BatchGroup(group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
+        sampling=sampling, groups=[BatchGroup(group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
                            answer=prompt.get("answer"), task=prompt.get("task", "exact"),
                            rollouts=rows)
                 for (gid, pid, prompt, _), rows in zip(groups, rollouts)])

@@ -1,5 +1,9 @@
 """The trainer's configuration: one flat dataclass, round-tripped through plain dicts (JSON) so it
-travels inside every checkpoint's ``trainer_state.json``."""
+travels inside every checkpoint's ``trainer_state.json``.
+
+Only what the trainer reads is here. The group size, the batch size and the sampling parameters
+(temperature, top_p, max_tokens) are the scheduler's settings, the one source of truth: each
+batch arrives with its groups and each rollout with the sampling it was generated with."""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from typing import Any
 
 # "gae": PPO with a learned critic (verl's name); the others need no critic
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+# names a user may reach for that belong to the scheduler (the error for them says so)
+SCHEDULER_SETTINGS = frozenset({"k", "group_size", "batch_groups", "batch_size", "temperature",
+                                "top_p", "max_tokens", "max_new_tokens"})
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -23,14 +29,11 @@ class TrainerConfig:
     gradient_checkpointing: bool = False        # recompute activations in backward
     threads: int = 2                            # torch intra-op threads on CPU
     seed: int = 0
-    task: str = "arith"
     # RL optimisation
     lr: float = 1e-4
     lr_warmup_steps: int = 0                    # linear warm-up of the RL learning rate
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    k: int = 8                                  # rollouts per group
-    batch_groups: int = 32                      # groups per trainer batch
     micro_batch_rollouts: int = 256             # rollouts per forward/backward pass (at most)
     micro_batch_tokens: int = 0                 # padded tokens per pass (at most); 0: no budget
     logprob_chunk_rows: int = 1024              # completion positions per output-head chunk
@@ -50,27 +53,14 @@ class TrainerConfig:
     normalize_values: bool = True               # the critic predicts running-normalised returns
     whiten_advantages: bool = True              # mean 0, std 1 over the batch's tokens
     critic_warmup_steps: int = 0                # first steps train only the critic
-    # sampling (sent to the workers with each policy)
-    max_new_tokens: int = 8
-    temperature: float = 1.0
     # steps and checkpoints
     max_steps: int = 200
     checkpoint_dir: str = "./sara-data/checkpoints"
     checkpoint_every: int = 10                  # full resume checkpoints (with the optimiser)
     publish_every: int = 0                      # weights-only policy versions; 0: = checkpoint_every
     keep_checkpoints: int = 3
-    eval_every: int = 10
-    eval_size: int = 1000
-    # SFT warm start
-    sft_steps: int | None = None
-    sft_seconds: float | None = 240.0
-    sft_lr: float = 3e-3
-    sft_batch_size: int = 256
-    sft_schedule: str = "cosine"
-    sft_warmup_steps: int = 20
     # service
-    service_url: str = "http://127.0.0.1:8000"
-    batch_wait_s: float = 30.0
+    batch_wait_s: float = 30.0                  # long poll for the next batch
     extra: dict[str, Any] = field(default_factory=dict)   # free-form, kept verbatim
 
     def __post_init__(self) -> None:
@@ -79,17 +69,14 @@ class TrainerConfig:
             problems.append(f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}")
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
             problems.append(f"loss_aggregation must be one of {LOSS_AGGREGATIONS}")
-        if self.sft_schedule not in LR_SCHEDULES:
-            problems.append(f"sft_schedule must be one of {LR_SCHEDULES}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             problems.append("dtype must be auto, float32, bfloat16 or float16")
-        for name in ("lr", "critic_lr", "sft_lr", "k", "batch_groups", "micro_batch_rollouts",
-                     "updates_per_batch", "max_new_tokens", "sft_batch_size", "threads",
+        for name in ("lr", "critic_lr", "micro_batch_rollouts", "updates_per_batch", "threads",
                      "logprob_chunk_rows"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
-        for name in ("clip_eps_low", "clip_eps_high", "kl_coef", "temperature", "weight_decay",
-                     "advantage_eps", "grad_clip", "sft_warmup_steps", "max_steps",
+        for name in ("clip_eps_low", "clip_eps_high", "kl_coef", "weight_decay",
+                     "advantage_eps", "grad_clip", "max_steps", "batch_wait_s",
                      "value_clip_eps", "critic_warmup_steps", "lr_warmup_steps",
                      "micro_batch_tokens", "publish_every"):
             if getattr(self, name) < 0:
@@ -99,8 +86,6 @@ class TrainerConfig:
         for name in ("gamma", "gae_lambda"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"{name} must be in [0, 1]")
-        if self.k < 2:
-            problems.append("k must be >= 2 (a group of one has no advantage)")
         if problems:
             raise ValueError("invalid TrainerConfig: " + "; ".join(problems))
 
@@ -114,7 +99,12 @@ class TrainerConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown and strict:
-            raise ValueError(f"unknown TrainerConfig fields: {', '.join(unknown)}")
+            hint = ""
+            if set(unknown) & SCHEDULER_SETTINGS:
+                hint = ("; group size, batch size and sampling are the scheduler's settings "
+                        "(SARA_GROUP_SIZE, SARA_BATCH_SIZE, SARA_TEMPERATURE, SARA_TOP_P, "
+                        "SARA_MAX_TOKENS), which each batch brings to the trainer")
+            raise ValueError(f"unknown TrainerConfig fields: {', '.join(unknown)}{hint}")
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def replace(self, **changes: Any) -> TrainerConfig:

@@ -224,7 +224,7 @@ class Trainer(Updating, Publishing):
             return None
         started = time.perf_counter()
         lags = [self.version - r.policy_version for g in batch.groups for r in g.rollouts]
-        metrics = self.update(batch.groups)
+        metrics = self.update(batch.groups, batch.sampling)
         mixed = [g for g in batch.groups if len({r.reward for r in g.rollouts}) > 1]
         metrics["groups_mixed"] = float(len(mixed))     # non-zero advantage under grpo
         metrics["rollouts_mixed"] = float(sum(len(g.rollouts) for g in mixed))

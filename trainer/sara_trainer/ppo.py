@@ -111,9 +111,12 @@ class PPOCritic:
         targets = norm.normalize(returns) * mask
         return CriticTargets(_split(advantages, raw), raw, _split(targets, raw), metrics)
 
-    def fit(self, batches: Sequence, data: CriticTargets) -> dict[str, float]:
+    def fit(self, batches: Sequence, data: CriticTargets, max_tokens: int | None = None
+            ) -> dict[str, float]:
         """``updates_per_batch`` optimiser steps of the clipped value loss; the last one's
-        metrics (``vf_loss``, ``vf_clip_frac``, ``critic_grad_norm``, ``critic_skipped``)."""
+        metrics (``vf_loss``, ``vf_clip_frac``, ``critic_grad_norm``, ``critic_skipped``).
+        ``max_tokens``: the sampling's completion horizon, which Dr. GRPO's aggregation divides
+        by (None: the batch's longest completion)."""
         cfg = self.config
         tokens = float(sum(float(b.completion_mask.sum()) for b in batches))
         rows = float(sum(b.completion_mask.shape[0] for b in batches))
@@ -127,7 +130,7 @@ class PPOCritic:
             for batch, old, target in zip(batches, data.old_values, data.targets):
                 loss, m = value_loss(self.model(batch), old, target, batch.completion_mask,
                                      cfg.value_clip_eps, aggregation=cfg.loss_aggregation,
-                                     normalizer=normalizer, max_tokens=cfg.max_new_tokens)
+                                     normalizer=normalizer, max_tokens=max_tokens)
                 loss.backward()
                 metrics["vf_loss"] += m["vf_loss"]             # already batch-normalised
                 metrics["vf_clip_frac"] += m["vf_clip_frac"] * float(

@@ -23,6 +23,24 @@ from .policy import context_size, make_batch
 log = logging.getLogger("sara.trainer")
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """What the update needs of the sampling its rollouts came from (the scheduler's settings,
+    sent with each batch): the temperature logprobs are taken at, and the completion horizon
+    Dr. GRPO's normaliser divides by (None: the batch's longest completion)."""
+
+    temperature: float = 1.0
+    max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, sampling: Any) -> Sampled:
+        """From a batch's ``sampling`` (a SamplingParams, or None from a scheduler that sends
+        none: temperature 1, the batch's own horizon)."""
+        if sampling is None:
+            return cls()
+        return cls(float(sampling.temperature), int(sampling.max_tokens))
+
+
 @dataclass
 class Rows:
     """Training rows of a batch, one per rollout, in batch order."""
@@ -74,29 +92,30 @@ class Updating:
             ids.append(tok.eos_token_id)
         return ids
 
-    def update(self, groups: Sequence[Any]) -> dict[str, float]:
-        """Advantages and ``updates_per_batch`` optimiser steps on ``groups``; returns metrics."""
-        cfg = self.config
+    def update(self, groups: Sequence[Any], sampling: Any = None) -> dict[str, float]:
+        """Advantages and ``updates_per_batch`` optimiser steps on ``groups``, generated with
+        ``sampling`` (the batch's SamplingParams); returns metrics."""
+        cfg, sampled = self.config, Sampled.of(sampling)
         rows = self.rows(groups)
         n = len(rows.advantages)
         if n == 0:
             return {"loss": 0.0, "tokens": 0.0, "skipped": 1.0}
         chunks, batches = self._micro_batches(rows)
         self.memory.before(batches, optimizer_ready=bool(self.optimizer.state))
-        use_behaviour = self._uses_behaviour(rows)
+        use_behaviour = self._uses_behaviour(rows, sampled.temperature)
         tokens = float(sum(b.completion_mask.sum().item() for b in batches))
         lr = self._lr()
         critic, advs = self._advantages(rows, chunks, batches)
         if critic is not None and self.step < cfg.critic_warmup_steps:
             totals, skipped = {"policy_frozen": 1.0}, 0   # critic warm-up: the policy waits
         else:
-            olds = [self._old_logprobs(b, [rows.behaviour[i] for i in c], use_behaviour)
-                    for b, c in zip(batches, chunks)]
-            refs = [self._ref_logprobs(b) for b in batches]
-            totals, skipped = self._policy_steps(batches, olds, refs, advs, tokens, n, lr)
+            olds = [self._old_logprobs(b, [rows.behaviour[i] for i in c], use_behaviour,
+                                       sampled.temperature) for b, c in zip(batches, chunks)]
+            refs = [self._ref_logprobs(b, sampled.temperature) for b in batches]
+            totals, skipped = self._policy_steps(batches, olds, refs, advs, tokens, n, lr, sampled)
         if critic is not None:
             totals.update(critic.metrics)
-            totals.update(self.critic.fit(batches, critic))
+            totals.update(self.critic.fit(batches, critic, sampled.max_tokens))
             totals.setdefault("loss", totals["vf_loss"])
         totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
                       off_policy=float(use_behaviour), lr=lr)
@@ -115,13 +134,12 @@ class Updating:
                               pad, cfg.device) for c in chunks]
         return chunks, batches
 
-    def _uses_behaviour(self, rows: Rows) -> bool:
+    def _uses_behaviour(self, rows: Rows, temperature: float) -> bool:
         """Whether the worker's logprobs are the ratio's denominator (warns once when not)."""
-        cfg = self.config
-        use_behaviour = cfg.temperature == 1.0 and any(b is not None for b in rows.behaviour)
+        use_behaviour = temperature == 1.0 and any(b is not None for b in rows.behaviour)
         if not use_behaviour and not self._warned_off_policy:
             self._warned_off_policy = True
-            why = ("the rollouts carry no behaviour logprobs" if cfg.temperature == 1.0 else
+            why = ("the rollouts carry no behaviour logprobs" if temperature == 1.0 else
                    "sampling temperature != 1 (worker logprobs are raw)")
             log.warning("on-policy only: %s; the ratio is 1 and staleness is bounded by the "
                         "scheduler's max_staleness", why)
@@ -139,7 +157,8 @@ class Updating:
                                    device=self.config.device) for c in chunks]
 
     def _policy_steps(self, batches: list, olds: list, refs: list, advs: list[torch.Tensor],
-                      tokens: float, n: int, lr: float) -> tuple[dict[str, float], int]:
+                      tokens: float, n: int, lr: float, sampled: Sampled
+                      ) -> tuple[dict[str, float], int]:
         """``updates_per_batch`` clipped-PG optimiser steps; the last one's metrics and how many
         steps were skipped for a non-finite loss or gradient."""
         cfg = self.config
@@ -153,12 +172,13 @@ class Updating:
             self.optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             for batch, old, ref, adv in zip(batches, olds, refs, advs):
-                logp, entropy = self._logprobs(self.model, batch, with_entropy=True)
+                logp, entropy = self._logprobs(self.model, batch, sampled.temperature,
+                                               with_entropy=True)
                 loss, m = policy_loss(
                     logp, adv, batch.completion_mask, old_logp=old, ref_logp=ref,
                     clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
                     kl_coef=cfg.kl_coef, aggregation=cfg.loss_aggregation,
-                    normalizer=max(normalizer, 1.0), max_tokens=cfg.max_new_tokens,
+                    normalizer=max(normalizer, 1.0), max_tokens=sampled.max_tokens,
                     entropy=entropy)
                 loss.backward()
                 _accumulate(sums, m, m["tokens"] / max(tokens, 1.0))
@@ -189,14 +209,14 @@ class Updating:
 
     @torch.no_grad()
     def _old_logprobs(self, batch, behaviour: list[list[float] | None],
-                      use_behaviour: bool) -> torch.Tensor | None:
+                      use_behaviour: bool, temperature: float) -> torch.Tensor | None:
         """Behaviour logprobs laid out like ``batch``'s completions; rows without them get the
         current policy's (ratio 1). None when fully on-policy with a single update."""
         if not use_behaviour and self.config.updates_per_batch == 1:
             return None
         current = None
         if not use_behaviour or any(b is None for b in behaviour):
-            current, _ = self._logprobs(self.model, batch)
+            current, _ = self._logprobs(self.model, batch, temperature)
         if not use_behaviour:
             return current
         old = torch.zeros_like(batch.completion_mask)
@@ -208,17 +228,17 @@ class Updating:
         return old
 
     @torch.no_grad()
-    def _ref_logprobs(self, batch) -> torch.Tensor | None:
+    def _ref_logprobs(self, batch, temperature: float) -> torch.Tensor | None:
         if self.reference is None:
             return None
-        logp, _ = self._logprobs(self.reference, batch)
+        logp, _ = self._logprobs(self.reference, batch, temperature)
         return logp
 
-    def _logprobs(self, model, batch, with_entropy: bool = False):
+    def _logprobs(self, model, batch, temperature: float, with_entropy: bool = False):
         device = torch.device(self.config.device).type
         with torch.autocast(device, dtype=self.autocast or torch.float32,
                             enabled=self.autocast is not None):
-            return chunked_completion_logprobs(model, batch, self.config.temperature,
+            return chunked_completion_logprobs(model, batch, temperature,
                                                with_entropy,
                                                chunk_rows=self.config.logprob_chunk_rows)
 
