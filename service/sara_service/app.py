@@ -22,7 +22,7 @@ from .health import RedisHealth
 from .metrics import Metrics, RequestMetrics
 from .redis_client import connect
 from .routers import (
-    add_body_schemas, batches, dashboard, leases, observe, policy, prompts, results, runctl,
+    add_body_schemas, batches, dashboard, leases, observe, policy, prompts, results, run,
 )
 from .scheduler import Clock, Scheduler
 from .settings import Settings
@@ -260,7 +260,7 @@ def create_app(settings: Settings, *, redis: aioredis.Redis | None = None,
     app.state.settings = settings
     app.state.scheduler = scheduler
     app.state.redis_health = health
-    for module in (prompts, runctl, leases, results, batches, policy, observe, dashboard):
+    for module in (prompts, run, leases, results, batches, policy, observe, dashboard):
         app.include_router(module.router)
     _document_body_schemas(app)
     _install_error_handlers(app)
