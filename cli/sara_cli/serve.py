@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -12,18 +11,6 @@ import typer
 from .common import LogFormatOpt, LogLevelOpt, fail, setup_logging
 
 SELECTION_HELP = "epoch, history, dps or mopps (which open prompts a group is drawn from)."
-
-
-def app_from_env():
-    """uvicorn factory for --workers > 1: each worker process rebuilds Settings from SARA_* env."""
-    from sara_service.app import create_app
-    from sara_service.settings import Settings
-
-    return create_app(Settings())
-
-
-def _raise_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(0)  # unwinds through `finally`, which stops the embedded Redis
 
 
 def serve(
@@ -54,21 +41,10 @@ def serve(
     log_format = setup_logging(log_level, log_format, run=settings.namespace)
     # json: uvicorn's own loggers propagate to the root's JSON handler instead of its text ones
     uvicorn_logs: dict[str, Any] = {"log_config": None} if log_format == "json" else {}
-    previous = signal.signal(signal.SIGTERM, _raise_exit)
-    embedded = None
-    try:
-        if settings.redis_url is None:
-            embedded, settings = _start_embedded(settings)
-        _announce(settings, host, port)
-        _run_uvicorn(settings, embedded, overrides, host=host, port=port, workers=workers,
-                     log_level=log_level, **uvicorn_logs)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if embedded is not None:
-            embedded.stop()
-            typer.echo("sara: embedded redis stopped")
-        signal.signal(signal.SIGTERM, previous)
+    from sara_service.process import serve as run_scheduler
+
+    run_scheduler(settings, host=host, port=port, workers=workers, overrides=overrides,
+                  say=typer.echo, log_level=log_level, **uvicorn_logs)
 
 
 def _settings(overrides: dict[str, Any]):
@@ -81,49 +57,6 @@ def _settings(overrides: dict[str, Any]):
         return Settings(**overrides)
     except ValidationError as e:
         raise fail(f"invalid settings:\n{e}", 2) from None
-
-
-def _start_embedded(settings: Any) -> tuple[Any, Any]:
-    """A supervised embedded Redis (restarted on the same port and data dir if it dies, a log
-    line says so) and the settings pointing at it."""
-    from sara_service.embedded import EmbeddedRedis
-
-    embedded = EmbeddedRedis(settings.data_dir).start().supervise()
-    typer.echo(f"sara: embedded redis at {embedded.url} (AOF in {embedded.data_dir})")
-    return embedded, settings.model_copy(update={"redis_url": embedded.url,
-                                                 "redis_embedded": True})
-
-
-def _announce(settings: Any, host: str, port: int) -> None:
-    """Who may do what (auth) and the run's allocation settings, one line each."""
-    if settings.auth_enabled:
-        roles = [r for r in ("worker", "trainer", "operator", "admin")
-                 if getattr(settings, f"{r}_token") is not None]
-        roles += ["per-worker (SARA_WORKER_SECRET)"] * (settings.worker_secret is not None)
-        typer.echo(f"sara: auth on: bearer tokens for {', '.join(roles)}")
-    else:
-        typer.echo("sara: auth OPEN: no SARA_*_TOKEN set, anyone who can reach "
-                   f"{host}:{port} can do everything")
-    typer.echo(f"sara: namespace={settings.namespace} policy={settings.policy} "
-               f"k={settings.group_size} tau_low={settings.tau_low} "
-               f"batch_size={settings.batch_size}")
-
-
-def _run_uvicorn(settings: Any, embedded: Any, overrides: dict[str, Any], *, workers: int,
-                 **uvicorn_args: Any) -> None:
-    import uvicorn
-
-    grace = {"timeout_graceful_shutdown": settings.shutdown_grace_s}
-    if workers == 1:
-        from sara_service.app import create_app
-
-        uvicorn.run(create_app(settings, embedded=embedded), **uvicorn_args, **grace)
-        return
-    # Worker processes inherit the environment: pass every override (and the embedded URL).
-    for key, value in {**overrides, "redis_url": settings.redis_url}.items():
-        os.environ[f"SARA_{key.upper()}"] = str(value)
-    uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=workers, **uvicorn_args,
-                **grace)
 
 
 def worker_token(

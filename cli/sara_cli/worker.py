@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import signal
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -52,71 +51,27 @@ def worker(
     log_format: LogFormatOpt = None,
 ) -> None:
     """Lease, generate, verify and report rollouts until SIGTERM (then finish and exit 0)."""
-    import asyncio
-
     if on_stop not in ("finish", "abort"):
         raise fail("--on-stop is finish or abort", 2)
+    from sara_worker.process import backend_options, main
     from sara_worker.support import WorkerConfig, default_worker_id
 
-    options = _backend_options(backend, model=model, base_url=backend_url, seed=seed,
-                               per_token_ms=per_token_ms,
-                               gpu_memory_utilization=gpu_memory_utilization, pairs=option)
+    options = backend_options(backend, model=model, base_url=backend_url, seed=seed,
+                              per_token_ms=per_token_ms,
+                              gpu_memory_utilization=gpu_memory_utilization,
+                              extra=option_values(option or []))
     config = WorkerConfig(
         worker_id=worker_id or default_worker_id(), backend_name=backend, capacity=capacity,
-        lease_min_size=lease_min, lease_wait_s=lease_wait, report_batch=report_batch, flush_interval_s=flush_ms / 1000.0,
+        lease_min_size=lease_min, lease_wait_s=lease_wait, report_batch=report_batch,
+        flush_interval_s=flush_ms / 1000.0,
         lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
         drain_timeout_s=drain_timeout, log_interval_s=log_interval)
     setup_logging(log_level, log_format, worker_id=config.worker_id)
     typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={capacity} -> {url}")
     try:
-        counters = asyncio.run(work(backend, options, config, url, token))
+        counters = main(backend, options, config, url, token)
     except ValueError as e:  # unknown backend, bad backend options
         raise fail(f"sara worker: {e}", 2) from None
     except Exception as e:  # WorkerError: credentials refused, policy not loadable, ...
         raise fail(f"sara worker failed: {e}", 1) from None
     typer.echo(f"sara: worker {config.worker_id} stopped: {counters.line()}")
-
-
-def _backend_options(backend: str, *, model: str | None, base_url: str | None,
-                     seed: int | None, per_token_ms: float,
-                     gpu_memory_utilization: float | None,
-                     pairs: list[str] | None) -> dict[str, Any]:
-    """The backend's keyword options: the named flags that apply to it, then --option pairs."""
-    options = {"model": model, "base_url": base_url, "seed": seed}
-    if backend == "sim":
-        options["per_token_s"] = per_token_ms / 1000.0
-    if backend == "vllm" and gpu_memory_utilization is not None:
-        options["gpu_memory_utilization"] = gpu_memory_utilization
-    options = {k: v for k, v in options.items() if v is not None}
-    options.update(option_values(pairs or []))
-    return options
-
-
-async def work(backend_name: str, options: dict[str, Any], config: Any, url: str,
-               token: Optional[str]) -> Any:
-    """Run one worker until SIGTERM/SIGINT (a second signal aborts what is in flight)."""
-    import asyncio
-
-    from sara_client import AsyncSaraClient
-    from sara_worker.backends import create_backend
-    from sara_worker.loop import WorkerLoop
-
-    backend = create_backend(backend_name, **options)
-    client = AsyncSaraClient(url, token=token)
-    loop = WorkerLoop(client, backend, config)
-    signals_seen = []
-
-    def on_signal() -> None:
-        signals_seen.append(1)
-        loop.stop(abort=True if len(signals_seen) > 1 else None)
-
-    aio = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        aio.add_signal_handler(sig, on_signal)
-    try:
-        return await loop.run()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            aio.remove_signal_handler(sig)
-        await backend.close()
-        await client.aclose()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
+import sara_worker.process
 from sara_cli import main as cli
-from sara_cli import worker as worker_cmd
 
 runner = CliRunner()
 
@@ -14,11 +14,11 @@ runner = CliRunner()
 def _capture_worker(monkeypatch) -> dict:
     seen: dict = {}
 
-    async def fake_work(backend, options, config, url, token):
+    def fake_main(backend, options, config, url, token):
         seen.update(backend=backend, options=options)
         raise KeyboardInterrupt   # stop before any network
 
-    monkeypatch.setattr(worker_cmd, "work", fake_work)
+    monkeypatch.setattr(sara_worker.process, "main", fake_main)
     return seen
 
 

@@ -1,0 +1,50 @@
+"""sara_worker.process: the worker process's main that `sara worker` calls (the CLI only turns
+flags into its arguments)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+import sara_client
+import sara_worker
+from sara_worker.backends.sim import SimBackend
+from sara_worker.process import backend_options, run_until_signalled
+
+
+def test_backend_options_name_only_what_applies_and_extra_wins():
+    assert backend_options("sim", seed=3, per_token_ms=20.0) == {"seed": 3, "per_token_s": 0.02}
+    assert backend_options("hf", model="m", per_token_ms=20.0,
+                           gpu_memory_utilization=0.3) == {"model": "m"}
+    assert backend_options("vllm", model="m", gpu_memory_utilization=0.3,
+                           extra={"dtype": "float32", "model": "n"}) == {
+        "model": "n", "gpu_memory_utilization": 0.3, "dtype": "float32"}
+
+
+def test_the_package_exports_its_api_lazily():
+    assert set(sara_worker.__all__) >= {"main", "run", "WorkerLoop", "WorkerConfig",
+                                        "create_backend"}
+    assert callable(sara_worker.main) and sara_worker.WorkerLoop.__name__ == "WorkerLoop"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = sara_worker.nope
+
+
+@pytest.mark.anyio
+async def test_sigterm_stops_the_worker_and_gives_the_signal_back(tmp_path):
+    prompts = [{"id": f"p{i}", "prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]
+    async with sara_client.alocal(data_dir=tmp_path, group_size=4, batch_size=2,
+                                  prefetch_batches=1) as sara:
+        await sara.add_prompts(prompts)
+        config = sara_worker.WorkerConfig(worker_id="w", backend_name="sim", capacity=8,
+                                          lease_wait_s=0.0, log_interval_s=3600.0)
+        loop = sara_worker.WorkerLoop(sara, SimBackend(seed=0), config)
+        before = signal.getsignal(signal.SIGTERM)
+        # runs once run_until_signalled has put its handler in and the loop waits on I/O
+        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+        counters = await run_until_signalled(loop)
+        # the handler the in-process scheduler put in is back
+        assert signal.getsignal(signal.SIGTERM) == before
+    assert counters is loop.counters
