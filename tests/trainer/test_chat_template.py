@@ -21,16 +21,16 @@ def _rollout(prompt) -> Rollout:
 
 
 def _trainer_prompt_ids(tiny, prompt) -> list[int]:
-    """What Trainer.rows feeds the policy as the prompt of a group carrying `prompt`."""
+    """What Updater.rows feeds the policy as the prompt of a group carrying `prompt`."""
     from sara_trainer.config import TrainerConfig
-    from sara_trainer.loop import Trainer
+    from sara_trainer.updating import Updater
 
     model, tok = tiny
     group = BatchGroup(group_id="g1", prompt_id="p", prompt=prompt, rollouts=[
         BatchRollout(rollout_id=f"g1:{i}", completion="3", reward=float(i), completion_tokens=1,
                      policy_version=0, token_ids=[5], logprobs=[-1.0]) for i in range(2)])
     fake = types.SimpleNamespace(config=TrainerConfig(model="x"), tokenizer=tok, model=model)
-    rows = Trainer.rows(fake, [group])
+    rows = Updater.rows(fake, [group])
     assert rows.prompt_ids[0] == rows.prompt_ids[1]
     return rows.prompt_ids[0]
 

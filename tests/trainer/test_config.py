@@ -31,13 +31,11 @@ def test_unknown_keys_and_bad_values():
 
 
 def test_lr_warms_up_linearly_and_old_checkpoints_keep_their_extra_setting():
-    from types import SimpleNamespace
-
     pytest.importorskip("torch")
-    from sara_trainer.loop import Trainer
+    from sara_trainer.updating import learning_rate
 
     def lr(step, **fields):
-        return Trainer._lr(SimpleNamespace(config=TrainerConfig(lr=1.0, **fields), step=step))
+        return learning_rate(TrainerConfig(lr=1.0, **fields), step)
 
     assert [lr(s, lr_warmup_steps=4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert lr(0) == 1.0

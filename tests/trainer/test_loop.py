@@ -26,6 +26,7 @@ from sara_trainer.checkpoint import latest_checkpoint, read_trainer_state  # noq
 from sara_trainer.config import TrainerConfig  # noqa: E402
 from sara_trainer.loop import Trainer  # noqa: E402
 from sara_trainer.policy import load_policy, sample  # noqa: E402
+from sara_trainer.updating import Updater  # noqa: E402
 
 K, BATCH, PREFETCH = 4, 2, 2
 
@@ -196,10 +197,10 @@ def test_the_sampling_comes_with_the_batch_from_the_scheduler(tiny_dir, tmp_path
     denominator, where at 1 they are (test above)."""
     model, tokenizer = load_policy(tiny_dir)
     seen = []
-    update = Trainer.update
-    monkeypatch.setattr(Trainer, "update",
-                        lambda self, groups, sampling=None: seen.append(sampling) or
-                        update(self, groups, sampling))
+    update = Updater.update
+    monkeypatch.setattr(Updater, "update",
+                        lambda self, groups, sampling=None, step=0: seen.append(sampling) or
+                        update(self, groups, sampling, step))
     with sara_client.local(data_dir=tmp_path / "redis", redis_url=None, group_size=K,
                            batch_size=BATCH, prefetch_batches=PREFETCH, max_tokens=5,
                            temperature=0.5, max_staleness=4) as sara:

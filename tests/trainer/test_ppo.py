@@ -324,7 +324,7 @@ def test_critic_steps_reduce_the_value_loss_on_a_repeated_batch(tiny_dir, tmp_pa
                   micro_batch_rollouts=3, value_clip_eps=0.0)
     trainer = Trainer(scheduler, cfg)
     batch = trainer.next_batch(timeout_s=5)
-    rows = trainer.rows(batch.groups)
+    rows = trainer.updater.rows(batch.groups)
     chunks = [range(s, min(s + 3, len(rows.rewards))) for s in range(0, len(rows.rewards), 3)]
     pad = trainer.tokenizer.pad_token_id
     batches = [make_batch([rows.prompt_ids[i] for i in c], [rows.completion_ids[i] for i in c],

@@ -8,7 +8,7 @@ One step:
    critic is trained after the policy on the same batch and checkpointed with it);
 3. **update**: clipped policy-gradient loss, token-level aggregation, optional k3 KL to a frozen
    reference (the starting policy), micro-batched, one or more optimiser steps (steps 2 and 3
-   live in :mod:`sara_trainer.updating`, mixed into ``Trainer``);
+   are :mod:`sara_trainer.updating`'s ``Updater``, which the ``Trainer`` owns);
 4. **checkpoint**: every ``checkpoint_every`` steps (and at the last) a full resume checkpoint
    (safetensors weights, optimiser, tokenizer, trainer config, step and policy version, written
    atomically under ``checkpoint_dir``); between them, every ``publish_every`` steps, weights only
@@ -50,8 +50,8 @@ from .fit import autocast_dtype, prepare_model, resolve_device, resolve_dtype
 from .memory import PROBE_TOKENS, ActivationModel, FirstStepMemory
 from .policy import disable_dropout, load_checkpoint, load_policy
 from .ppo import PPOCritic
-from .publishing import Publishing
-from .updating import Updating
+from .publishing import Publisher
+from .updating import Updater
 
 log = logging.getLogger("sara.trainer")
 
@@ -88,8 +88,10 @@ class StepReport:
         return asdict(self)
 
 
-class Trainer(Updating, Publishing):
-    """The loop over a sync SDK client (``SaraClient`` or anything with its trainer methods)."""
+class Trainer:
+    """The loop over a sync SDK client (``SaraClient`` or anything with its trainer methods):
+    batches in, an ``Updater`` updates the policy, a ``Publisher`` checkpoints and publishes it;
+    the trainer keeps the step, the policy version and the batches it trained."""
 
     def __init__(self, client: Any, config: TrainerConfig, *,
                  on_step: Callable[[StepReport], None] | None = None,
@@ -107,7 +109,6 @@ class Trainer(Updating, Publishing):
         torch.manual_seed(config.seed)
         self.reports: list[StepReport] = []
         self.acked: list[str] = []
-        self._warned_off_policy = False
         self._trained_ids: list[str] = []
         self._load()
 
@@ -148,6 +149,11 @@ class Trainer(Updating, Publishing):
             self.reference, _ = load_policy(self.reference_path, device=cfg.device,
                                             dtype=self.dtype)
             self.reference.eval().requires_grad_(False)
+        self.updater = Updater(cfg, self.model, self.tokenizer, self.optimizer,
+                               reference=self.reference, critic=self.critic,
+                               autocast=self.autocast, memory=self.memory)
+        self.publisher = Publisher(self.client, cfg, self.model, self.tokenizer, self.optimizer,
+                                   self.critic, self.reference_path)
         self._sync_policy()
 
     def _prepare(self) -> ActivationModel:
@@ -224,7 +230,7 @@ class Trainer(Updating, Publishing):
             return None
         started = time.perf_counter()
         lags = [self.version - r.policy_version for g in batch.groups for r in g.rollouts]
-        metrics = self.update(batch.groups, batch.sampling)
+        metrics = self.updater.update(batch.groups, batch.sampling, self.step)
         mixed = [g for g in batch.groups if len({r.reward for r in g.rollouts}) > 1]
         metrics["groups_mixed"] = float(len(mixed))     # non-zero advantage under grpo
         metrics["rollouts_mixed"] = float(sum(len(g.rollouts) for g in mixed))
@@ -232,10 +238,13 @@ class Trainer(Updating, Publishing):
         metrics["staleness_mean"] = sum(lags) / len(lags) if lags else 0.0
         self.step += 1
         self._trained_ids = (self._trained_ids + [batch.batch_id])[-REMEMBERED_BATCHES:]
-        checkpoint = self._save_or_publish(last)
+        checkpoint = self.publisher.save_step(self.step, self.version + 1, last,
+                                              self._trained_ids)
+        if checkpoint is not None:
+            self.version, self.checkpoint = self.version + 1, checkpoint
         self._ack(batch.batch_id)
         if checkpoint is not None:
-            self._publish(checkpoint)
+            self.version = self.publisher.publish(self.version, checkpoint)
         rewards = [r.reward for g in batch.groups for r in g.rollouts]
         stats = batch.stats.model_dump() if hasattr(batch.stats, "model_dump") else {}
         report = StepReport(

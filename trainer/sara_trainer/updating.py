@@ -1,7 +1,6 @@
 """The trainer's update: a batch's groups as training rows, their advantages, and the clipped
-policy-gradient (and, under PPO, critic) steps. Mixed into `loop.Trainer`, which sets up what
-these methods read: `config`, `tokenizer`, `model`, `optimizer`, `reference`, `critic`, `step`,
-`autocast`, `memory` and `_warned_off_policy`."""
+policy-gradient (and, under PPO, critic) steps. The trainer owns one `Updater`, built over the
+model, optimiser, reference and critic it loaded."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import torch
 from sara_client.chat import render_prompt
 
 from .advantages import compute_advantages
+from .config import TrainerConfig
 from .fit import token_chunks
 from .logprobs import chunked_completion_logprobs
 from .loss import policy_loss
@@ -52,8 +52,31 @@ class Rows:
     rewards: list[float] = field(default_factory=list)
 
 
-class Updating:
-    """The update half of the trainer (see the module docstring)."""
+def learning_rate(config: TrainerConfig, step: int) -> float:
+    """The learning rate of the step after `step` steps: linear warm-up over ``lr_warmup_steps``
+    steps, then ``lr``. Adam's first steps move every weight by about lr whatever its gradient;
+    a warm-up keeps that from knocking an SFT'd policy back (measured: the tiny policy's
+    held-out accuracy dipped 3-9 points over the first 10 steps without one)."""
+    # checkpoints written before the field existed kept it in `extra`
+    warmup = config.lr_warmup_steps or int(config.extra.get("lr_warmup_steps", 0) or 0)
+    if warmup <= 0:
+        return config.lr
+    return config.lr * min(1.0, (step + 1) / warmup)
+
+
+class Updater:
+    """Updates the policy it holds on a batch's groups (see the module docstring)."""
+
+    def __init__(self, config: TrainerConfig, model: Any, tokenizer: Any,
+                 optimizer: torch.optim.Optimizer, *, reference: Any = None, critic: Any = None,
+                 autocast: torch.dtype | None = None, memory: Any = None) -> None:
+        """`reference`: the frozen starting policy of the KL term (None without one); `critic`:
+        PPO's value model (None unless ``gae``); `autocast`: the compute dtype (None: the
+        weights'); `memory`: the first-step memory check (None: none)."""
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.optimizer, self.reference, self.critic = optimizer, reference, critic
+        self.autocast, self.memory = autocast, memory
+        self.warned_off_policy = False   # the on-policy notice is said once
 
     def rows(self, groups: Sequence[Any]) -> Rows:
         """Training rows (prompt ids, completion ids, behaviour logprobs, advantage) of groups."""
@@ -92,34 +115,38 @@ class Updating:
             ids.append(tok.eos_token_id)
         return ids
 
-    def update(self, groups: Sequence[Any], sampling: Any = None) -> dict[str, float]:
+    def update(self, groups: Sequence[Any], sampling: Any = None, step: int = 0
+               ) -> dict[str, float]:
         """Advantages and ``updates_per_batch`` optimiser steps on ``groups``, generated with
-        ``sampling`` (the batch's SamplingParams); returns metrics."""
+        ``sampling`` (the batch's SamplingParams), after `step` steps; returns metrics."""
         cfg, sampled = self.config, Sampled.of(sampling)
         rows = self.rows(groups)
         n = len(rows.advantages)
         if n == 0:
             return {"loss": 0.0, "tokens": 0.0, "skipped": 1.0}
         chunks, batches = self._micro_batches(rows)
-        self.memory.before(batches, optimizer_ready=bool(self.optimizer.state))
+        if self.memory is not None:
+            self.memory.before(batches, optimizer_ready=bool(self.optimizer.state))
         use_behaviour = self._uses_behaviour(rows, sampled.temperature)
         tokens = float(sum(b.completion_mask.sum().item() for b in batches))
-        lr = self._lr()
+        lr = learning_rate(cfg, step)
         critic, advs = self._advantages(rows, chunks, batches)
-        if critic is not None and self.step < cfg.critic_warmup_steps:
+        if critic is not None and step < cfg.critic_warmup_steps:
             totals, skipped = {"policy_frozen": 1.0}, 0   # critic warm-up: the policy waits
         else:
             olds = [self._old_logprobs(b, [rows.behaviour[i] for i in c], use_behaviour,
                                        sampled.temperature) for b, c in zip(batches, chunks)]
             refs = [self._ref_logprobs(b, sampled.temperature) for b in batches]
-            totals, skipped = self._policy_steps(batches, olds, refs, advs, tokens, n, lr, sampled)
+            totals, skipped = self._policy_steps(batches, olds, refs, advs, tokens, n, lr, sampled,
+                                                 step)
         if critic is not None:
             totals.update(critic.metrics)
             totals.update(self.critic.fit(batches, critic, sampled.max_tokens))
             totals.setdefault("loss", totals["vf_loss"])
         totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
                       off_policy=float(use_behaviour), lr=lr)
-        self.memory.after()
+        if self.memory is not None:
+            self.memory.after()
         return totals
 
     def _micro_batches(self, rows: Rows) -> tuple[list[list[int]], list[Any]]:
@@ -137,8 +164,8 @@ class Updating:
     def _uses_behaviour(self, rows: Rows, temperature: float) -> bool:
         """Whether the worker's logprobs are the ratio's denominator (warns once when not)."""
         use_behaviour = temperature == 1.0 and any(b is not None for b in rows.behaviour)
-        if not use_behaviour and not self._warned_off_policy:
-            self._warned_off_policy = True
+        if not use_behaviour and not self.warned_off_policy:
+            self.warned_off_policy = True
             why = ("the rollouts carry no behaviour logprobs" if temperature == 1.0 else
                    "sampling temperature != 1 (worker logprobs are raw)")
             log.warning("on-policy only: %s; the ratio is 1 and staleness is bounded by the "
@@ -157,7 +184,7 @@ class Updating:
                                    device=self.config.device) for c in chunks]
 
     def _policy_steps(self, batches: list, olds: list, refs: list, advs: list[torch.Tensor],
-                      tokens: float, n: int, lr: float, sampled: Sampled
+                      tokens: float, n: int, lr: float, sampled: Sampled, step: int
                       ) -> tuple[dict[str, float], int]:
         """``updates_per_batch`` clipped-PG optimiser steps; the last one's metrics and how many
         steps were skipped for a non-finite loss or gradient."""
@@ -190,22 +217,10 @@ class Updating:
             else:
                 skipped += 1
                 log.error("non-finite loss or gradient at step %d: optimiser step skipped",
-                          self.step + 1)
+                          step + 1)
             totals = sums
         self.optimizer.zero_grad(set_to_none=True)
         return totals, skipped
-
-    def _lr(self) -> float:
-        """The learning rate of the next step: linear warm-up over ``lr_warmup_steps`` steps,
-        then ``lr``. Adam's first steps move every weight by about lr whatever its gradient; a
-        warm-up keeps that from knocking an SFT'd policy back (measured: the tiny policy's
-        held-out accuracy dipped 3-9 points over the first 10 steps without one)."""
-        cfg = self.config
-        # checkpoints written before the field existed kept it in `extra`
-        warmup = cfg.lr_warmup_steps or int(cfg.extra.get("lr_warmup_steps", 0) or 0)
-        if warmup <= 0:
-            return cfg.lr
-        return cfg.lr * min(1.0, (self.step + 1) / warmup)
 
     @torch.no_grad()
     def _old_logprobs(self, batch, behaviour: list[list[float] | None],
