@@ -36,7 +36,7 @@ prompts (epoch selection visits each prompt equally often), so they are exact fo
 `failure_median` × max_tokens and shape σ, rounded, capped at max_tokens.
 
 The Beta-prior threshold math here is written from docs/architecture.md ("The decision path"),
-independently of `sara_service.allocation` (the test checks the two agree).
+independently of `sara_service.math.allocation` (the test checks the two agree).
 """
 
 from __future__ import annotations

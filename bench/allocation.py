@@ -18,7 +18,7 @@ the two other roles:
 Methods (all through the one engine, set by scheduler settings): uniform, Dynamic Sampling (DS),
 SARA at τ_low 0.3 / 0.45 / 0.5 with the paper's uniform prior, SARA with history priors, DPS and
 MoPPS (selection over DS), SARA + DPS, and SARA auto (tau_low=auto: cost-aware thresholds
-priced by the pool's yield, `sara_service.autotau`; `sara-auto-tokens`, opt-in, prices it in
+priced by the pool's yield, `sara_service.math.autotau`; `sara-auto-tokens`, opt-in, prices it in
 tokens, SARA_AUTO_PRICE=tokens). Pools: `standard` and `drifting` (see
 `bench/_pools.py`), each at k = 8 and 16. Opt-in rows show the earlier posterior-memory rules
 beside today's: `sara-history-v0.5` and `mopps-v0.5` (posterior decay 0.5 per policy
@@ -96,9 +96,9 @@ from _pools import (  # noqa: E402  (bench/ is not a package)
     p_eff_pure, thresholds,
 )
 from sara_client.models import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE, Rollout, SamplingParams  # noqa: E402
-from sara_service.allocation import plan_group  # noqa: E402  (flow-control weights only)
-from sara_service.scheduler import shuffled  # noqa: E402  (the epoch order, to mirror it)
-from sara_service.selection import (  # noqa: E402
+from sara_service.math.allocation import plan_group  # noqa: E402  (flow-control weights only)
+from sara_service.core.scheduler import shuffled  # noqa: E402  (the epoch order, to mirror it)
+from sara_service.math.selection import (  # noqa: E402
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
 from sara_service.settings import DEFAULT_HALF_LIFE  # noqa: E402
@@ -171,7 +171,7 @@ METHODS = {m.key: m for m in (
 )}
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
-# the same code (sara_service.autoprice) on the same store reads, so it would check nothing
+# the same code (sara_service.core.autoprice) on the same store reads, so it would check nothing
 # independent. Its reference is the grid of fixed τ instead (`grid_summary`), exact per pool.
 # The grid of fixed τ that sara-auto is judged against (`--grid`): registered here so that
 # worker processes can look them up by key; not in the default method list.
@@ -536,7 +536,7 @@ class ModelService:
     selection, batches and staleness, and the service's documented orderings (decided groups'
     rollouts go to the front of the queue, each lease opens at most `flow target` prompts, an
     epoch is a seeded shuffle of the sorted ids). DPS and MoPPS scores come from
-    `sara_service.selection`, the pure predictor functions (their own unit tests check them);
+    `sara_service.math.selection`, the pure predictor functions (their own unit tests check them);
     everything else, thresholds included, is computed here.
     """
 
@@ -580,7 +580,7 @@ class ModelService:
         reference = plan_group(self.m.policy, k, a, b, self.m.tau)
         if (reference.after_failures, reference.after_successes) != (t_f, t_s):
             if not _tie(k, a, b, self.m.tau):
-                raise AssertionError(f"thresholds differ from sara_service.allocation for "
+                raise AssertionError(f"thresholds differ from sara_service.math.allocation for "
                                      f"k={k} a={a} b={b}: {(t_f, t_s)} vs {reference}")
             # p_eff is exactly τ on a prefix and the service's rounding put it below τ: follow
             # the service (this model mirrors it), and count the disagreement

@@ -204,7 +204,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the methods, print each against its exact figure; returns the result document."""
-    from sara_service.reward_levels import plan_levels
+    from sara_service.math.reward_levels import plan_levels
 
     args = parse(argv)
     logging.getLogger("sara").setLevel(logging.ERROR)

@@ -58,7 +58,7 @@ import orjson
 from sara_client import AsyncSaraClient
 from sara_service.embedded import EmbeddedRedis, free_port
 from sara_service.pools import standard_pool
-from sara_service.store import SCRIPTS, script_source
+from sara_service.store.store import SCRIPTS, script_source
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "service_throughput.txt"
@@ -525,7 +525,7 @@ def redis_benchmark(port: int, n: int) -> list[tuple[str, str]]:
         return [("redis-benchmark EVALSHA", "skipped: redis-benchmark not on PATH "
                  "(apt-get install redis-tools)")]
     import redis as redis_py
-    from sara_service.keys import Keys
+    from sara_service.store.keys import Keys
 
     client = redis_py.Redis(port=port)
     trivial = "return 1"

@@ -374,7 +374,7 @@ async def sampler(serves: list[Serve], redis_pid: int, worker_procs: list[subpro
                   args: argparse.Namespace) -> None:
     import redis as redis_py
     from sara_client import AsyncSaraClient
-    from sara_service.keys import Keys
+    from sara_service.store.keys import Keys
 
     keys = Keys(NAMESPACE)
     r = redis_py.Redis.from_url(redis_url)

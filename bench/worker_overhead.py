@@ -173,7 +173,7 @@ class InProcessScheduler:
         self.app = None
 
     def start(self) -> "InProcessScheduler":
-        from sara_service.app import create_app
+        from sara_service.http.app import create_app
         from sara_service.embedded import EmbeddedRedis
         from sara_service.settings import Settings
 

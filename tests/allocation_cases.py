@@ -37,7 +37,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from sara_service.allocation import decide, issue_target, plan_group
+from sara_service.math.allocation import decide, issue_target, plan_group
 
 # Hand-picked groups: (policy, k, alpha0, beta0, tau_low). Each is run with a few outcome sequences.
 EDGE_PLANS: list[tuple[str, int, float, float, float]] = [

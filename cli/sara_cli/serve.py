@@ -64,7 +64,7 @@ def worker_token(
 ) -> None:
     """Print a per-worker token derived from SARA_WORKER_SECRET: give it to that worker as
     SARA_WORKER_TOKEN (with the same --worker-id); it cannot act as any other worker."""
-    from sara_service.credentials import worker_token as derive
+    from sara_service.http.credentials import worker_token as derive
 
     secret = os.environ.get("SARA_WORKER_SECRET")
     if not secret:

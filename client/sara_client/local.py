@@ -80,7 +80,7 @@ class _LoopThreadTransport(httpx.BaseTransport):
 
 def _build_app(data_dir: str | Path | None, overrides: dict[str, Any]):
     try:
-        from sara_service.app import create_app
+        from sara_service.http.app import create_app
         from sara_service.embedded import EmbeddedRedis
         from sara_service.settings import Settings
     except ImportError as exc:  # pragma: no cover - depends on the install

@@ -10,7 +10,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from .app import create_app
+from .http.app import create_app
 from .embedded import EmbeddedRedis
 from .settings import Settings
 

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     group_size: int = Field(8, ge=2, le=1024, description="k, rollouts per group.")
     tau_low: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["auto"] = Field(
         0.5, description='Abandon a pure prefix once p_eff < tau_low; "auto": the cost-aware '
-                         "thresholds (sara_service.autotau), priced by the pool's yield.")
+                         "thresholds (sara_service.math.autotau), priced by the pool's yield.")
     tau_floor: float | None = Field(
         None, ge=0.0, le=1.0, description="Under tau_low=auto, abandon (or skip) only where "
                                           "p_eff < tau_floor: the reliability bound.")
@@ -142,7 +142,7 @@ class Settings(BaseSettings):
     def _some_prompt_can_open(self) -> Settings:
         """Refuse a configuration whose plan for a prompt never seen before abandons it before
         its first rollout: every new prompt would be skipped and no group would ever open."""
-        from .allocation import p_eff, plan_group
+        from .math.allocation import p_eff, plan_group
 
         if self.auto_price != "rollouts" and self.tau_low != "auto":
             raise ValueError(
@@ -171,7 +171,7 @@ class Settings(BaseSettings):
 
     def _reward_view_can_run(self) -> Settings:
         """Refuse what the reward view does not support, and a plan that skips every prompt."""
-        from .reward_levels import level_table, plan_levels
+        from .math.reward_levels import level_table, plan_levels
 
         chosen = {"tau_low=auto": self.tau_low == "auto", "prior=history": self.prior == "history"}
         refused = [name for name, on in chosen.items() if on]

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from sara_client import AsyncSaraClient
-from sara_service.app import create_app
-from sara_service.keys import split_rollout_id
+from sara_service.http.app import create_app
+from sara_service.store.keys import split_rollout_id
 from sara_service.settings import Settings
 
 BASE_URL = "http://test"

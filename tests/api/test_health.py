@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sara_service.app import create_app
+from sara_service.http.app import create_app
 from sara_service.embedded import EmbeddedRedis
 from sara_service.settings import Settings
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from sara_service.redis_client import connect
+from sara_service.store.redis_client import connect
 
 from .conftest import prompt_spec, result_for, slot_of
 

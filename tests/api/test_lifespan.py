@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-import sara_service.app as app_module
+import sara_service.http.app as app_module
 from sara_service.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -34,7 +34,7 @@ def test_sigterm_still_ends_a_process_that_runs_the_app_without_uvicorn(redis_ur
 
     code = textwrap.dedent(f"""
         import asyncio, os, signal
-        from sara_service.app import create_app
+        from sara_service.http.app import create_app
         from sara_service.settings import Settings
 
         async def main():

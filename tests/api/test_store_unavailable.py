@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from sara_client import AsyncSaraClient, ServiceUnavailableError
-from sara_service.app import create_app
+from sara_service.http.app import create_app
 from sara_service.settings import Settings
 
 from .conftest import BASE_URL

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sara_service.credentials import worker_of, worker_token
+from sara_service.http.credentials import worker_of, worker_token
 
 from .conftest import prompt_spec, result_for
 

@@ -76,7 +76,7 @@ class SchedulerHandle:
 
 @pytest.fixture
 async def make_scheduler(redis_url, fake_clock):
-    from sara_service.app import create_app
+    from sara_service.http.app import create_app
     from sara_service.settings import Settings
 
     handles: list[SchedulerHandle] = []

@@ -116,7 +116,7 @@ def _tie(k, a, b, tau):
 
 
 def test_thresholds_agree_with_the_service_math():
-    from sara_service.allocation import abandon_thresholds
+    from sara_service.math.allocation import abandon_thresholds
 
     rng = random.Random(11)
     cases = [(16, 1.0, 1.0, 0.5), (8, 1.0, 1.0, 0.45), (16, 1.0, 1.0, 0.3)]

@@ -4,7 +4,7 @@
 binary as the other fixtures, each an EmbeddedRedis in its own directory on a free port), gives
 each master a third of the 16384 slots, introduces them with CLUSTER MEET and returns once every
 node reports `cluster_state:ok` and knows all three. No redis-cli needed. `.url` is the
-service's cluster URL (`redis+cluster://`, see sara_service.redis_client).
+service's cluster URL (`redis+cluster://`, see sara_service.store.redis_client).
 
 `LocalCluster(base_dir, replicas=1)` adds one replica per master (CLUSTER REPLICATE) and returns
 once each replica's link to its master is up: what the failover test kills a master of.
@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from sara_service.embedded import EmbeddedRedis, free_port
-from sara_service.redis_client import cluster_node_url
+from sara_service.store.redis_client import cluster_node_url
 
 SLOTS = 16384
 MASTERS = 3

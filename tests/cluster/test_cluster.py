@@ -17,12 +17,12 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
-from sara_service.app import create_app
+from sara_service.http.app import create_app
 from sara_service.embedded import free_port
-from sara_service.keys import Keys
-from sara_service.redis_client import cluster_node_url, connect
+from sara_service.store.keys import Keys
+from sara_service.store.redis_client import cluster_node_url, connect
 from sara_service.settings import Settings
-from sara_service.wake import Wakeups
+from sara_service.core.wake import Wakeups
 from tests.api.conftest import BASE_URL, DEFAULTS, Api, prompt_spec, result_for
 from tests.cluster._local import MASTERS, SLOTS, slot_ranges
 

@@ -28,8 +28,8 @@ import uuid
 
 import pytest
 
-from sara_service.keys import Keys, split_rollout_id
-from sara_service.redis_format import decode_slot
+from sara_service.store.keys import Keys, split_rollout_id
+from sara_service.store.redis_format import decode_slot
 from tests.cluster._local import LocalCluster, sync_client
 from tests.e2e._harness import BernoulliWorker, Ledger, RewardScript, load_synthetic
 from tests.faults._support import (

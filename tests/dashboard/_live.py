@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from sara_client import SaraClient
-from sara_service.app import create_app
+from sara_service.http.app import create_app
 from sara_service.pools import standard_pool
 from sara_service.settings import Settings
 

@@ -8,8 +8,8 @@ import re
 import httpx
 import pytest
 
-from sara_service.app import create_app
-from sara_service.routers.dashboard import RedactTokenFilter, redact
+from sara_service.http.app import create_app
+from sara_service.http.routers.dashboard import RedactTokenFilter, redact
 from sara_service.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -133,7 +133,7 @@ def test_the_external_redis_overlay_drops_redis_and_points_outside():
     objs = render("overlays/external-redis")
     assert not [o for o in objs if o["metadata"]["name"] == "sara-redis"]
     url = one(objs, "ConfigMap", "sara-config")["data"]["SARA_REDIS_URL"]
-    from sara_service.redis_client import cluster_node_url
+    from sara_service.store.redis_client import cluster_node_url
 
     assert cluster_node_url(url)  # a cluster URL the service understands
     assert one(objs, "Deployment", "sara-worker")  # the rest of the stack is there

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from sara_service import deps
-from sara_service.app import create_app
+from sara_service.http import deps
+from sara_service.http.app import create_app
 from sara_service.embedded import free_port
 from sara_service.settings import Settings
 

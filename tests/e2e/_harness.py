@@ -40,8 +40,8 @@ import httpx
 import redis
 from sara_client import AsyncSaraClient, Batch, StatsResponse
 from sara_service.embedded import free_port
-from sara_service.keys import Keys, split_rollout_id
-from sara_service.redis_format import decode_slot
+from sara_service.store.keys import Keys, split_rollout_id
+from sara_service.store.redis_format import decode_slot
 
 SUCCESS_THRESHOLD = 0.5  # the service's default success_threshold: reward >= this is a success
 

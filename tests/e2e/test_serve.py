@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 
 import pytest
-from sara_service.keys import split_rollout_id
+from sara_service.store.keys import split_rollout_id
 from sara_service.pools import standard_pool
 
 from ._harness import SUCCESS_THRESHOLD, RunResult, run_scenario

@@ -41,8 +41,8 @@ from sara_client import (
     AsyncSaraClient, Batch, RetryPolicy, SaraConnectionError, ServiceUnavailableError,
     StatsResponse,
 )
-from sara_service.keys import Keys, split_rollout_id
-from sara_service.redis_format import decode_slot
+from sara_service.store.keys import Keys, split_rollout_id
+from sara_service.store.redis_format import decode_slot
 
 from tests.e2e._harness import (
     SUCCESS_THRESHOLD, BernoulliWorker, ServeProcess, _die_with_parent, slot_counts,

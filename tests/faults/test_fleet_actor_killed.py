@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from sara_service.redis_format import decode_slot
+from sara_service.store.redis_format import decode_slot
 from tests._need import need
 from tests.e2e._harness import load_synthetic
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from sara_client import ServerError, ServiceUnavailableError
 from sara_service.embedded import EmbeddedRedis, free_port
-from sara_service.keys import Keys
+from sara_service.store.keys import Keys
 
 from tests.e2e._harness import BernoulliWorker, Ledger, RewardScript, load_synthetic
 

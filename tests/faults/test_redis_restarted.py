@@ -25,7 +25,7 @@ import httpx
 import pytest
 import redis
 from sara_service.embedded import EmbeddedRedis
-from sara_service.keys import Keys
+from sara_service.store.keys import Keys
 
 from tests.e2e._harness import BernoulliWorker, Ledger, RewardScript, load_synthetic
 

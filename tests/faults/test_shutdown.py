@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 import redis
-from sara_service.keys import Keys
+from sara_service.store.keys import Keys
 
 from ._support import serve_process
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from sara_client import Batch
-from sara_service.keys import Keys
+from sara_service.store.keys import Keys
 
 from tests.e2e._harness import BernoulliWorker, Ledger, RewardScript, _die_with_parent, \
     load_synthetic

@@ -37,9 +37,9 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, ignored
                                                status_code_conformance)
 
 from sara_client.models import PromptIn
-from sara_service.app import create_app
+from sara_service.http.app import create_app
 from sara_service.settings import Settings
-from sara_service.store import Store
+from sara_service.store.store import Store
 
 ROLES = ("worker", "trainer", "operator", "admin")
 TOKENS = {role: f"fuzz-{role}-token-0123456789" for role in ROLES}

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis.stateful import run_state_machine_as_test
 
-from sara_service import scheduler as scheduler_module
-from sara_service.app import create_app
+from sara_service.core import scheduler as scheduler_module
+from sara_service.http.app import create_app
 from sara_service.settings import Settings
 from tests.conftest import FakeClock
 

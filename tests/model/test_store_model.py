@@ -46,14 +46,14 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
 
 from sara_client.models import (AddPromptsRequest, LeaseRequest, NextBatchRequest, PromptIn,
                                 ResultsRequest, RolloutResult)
-from sara_service import scheduler as scheduler_module
-from sara_service.allocation import GroupPlan, decide, plan_group
+from sara_service.core import scheduler as scheduler_module
+from sara_service.math.allocation import GroupPlan, decide, plan_group
 from sara_service.errors import Conflict, NotFound
-from sara_service.keys import Keys, split_rollout_id
-from sara_service.redis_format import decode_slot
-from sara_service.scheduler import Scheduler
+from sara_service.store.keys import Keys, split_rollout_id
+from sara_service.store.redis_format import decode_slot
+from sara_service.core.scheduler import Scheduler
 from sara_service.settings import Settings
-from sara_service.store import Store
+from sara_service.store.store import Store
 
 K = 4
 TAU_LOW = 0.5

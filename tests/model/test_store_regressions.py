@@ -8,9 +8,9 @@ import redis.asyncio as aioredis
 
 from sara_client.models import (AddPromptsRequest, LeaseRequest, PromptIn, ResultsRequest,
                                 RolloutResult)
-from sara_service.scheduler import Scheduler
+from sara_service.core.scheduler import Scheduler
 from sara_service.settings import Settings
-from sara_service.store import Store
+from sara_service.store.store import Store
 
 pytestmark = pytest.mark.anyio
 

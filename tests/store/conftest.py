@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sara_client.models import PromptIn
-from sara_service.redis_client import connect
-from sara_service.store import Store
+from sara_service.store.redis_client import connect
+from sara_service.store.store import Store
 
 
 @pytest.fixture

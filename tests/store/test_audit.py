@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from sara_client.models import PromptIn
-from sara_service.allocation import plan_group
+from sara_service.math.allocation import plan_group
 
 from .test_store import SARA8, counters, lease, report
 

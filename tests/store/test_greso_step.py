@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sara_service.selection import GresoParams, greso_adapt
+from sara_service.math.selection import GresoParams, greso_adapt
 
 ENDED = ("groups_ended_all_fail", "groups_ended_all_success", "groups_ended_mixed")
 

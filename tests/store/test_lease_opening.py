@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from sara_client.models import PromptIn
-from sara_service.redis_client import connect
-from sara_service.scheduler import shuffled
-from sara_service.store import Opening, Store
+from sara_service.store.redis_client import connect
+from sara_service.core.scheduler import shuffled
+from sara_service.store.store import Opening, Store
 
 from .test_store import SARA8
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from sara_client.models import RolloutResult
-from sara_service.allocation import plan_group
-from sara_service.redis_format import GroupField
+from sara_service.math.allocation import plan_group
+from sara_service.store.redis_format import GroupField
 from tests.allocation_cases import generate_cases
 
 pytestmark = pytest.mark.anyio

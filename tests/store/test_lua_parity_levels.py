@@ -15,8 +15,8 @@ import random
 import pytest
 
 from sara_client.models import RolloutResult
-from sara_service.redis_format import GroupField
-from sara_service.reward_levels import (
+from sara_service.store.redis_format import GroupField
+from sara_service.math.reward_levels import (
     decide_levels, level_table, mixed_chance_levels, plan_levels,
 )
 

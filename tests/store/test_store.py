@@ -9,9 +9,9 @@ import json
 import pytest
 
 from sara_client.models import PromptIn, RolloutResult
-from sara_service.allocation import decay_posterior, plan_group
+from sara_service.math.allocation import decay_posterior, plan_group
 from sara_service.errors import Conflict, NotFound, UnknownRollouts
-from sara_service.redis_format import SCRIPTS
+from sara_service.store.redis_format import SCRIPTS
 
 pytestmark = pytest.mark.anyio
 
@@ -424,7 +424,7 @@ async def test_a_worker_error_teaches_nothing_until_the_slot_has_failed_three_ti
 
 
 async def test_upkeep_collects_every_overdue_group_not_one_batch_per_tick(store):
-    from sara_service.scheduler import Scheduler
+    from sara_service.core.scheduler import Scheduler
     from sara_service.settings import Settings
 
     await store.redis.zadd(store.keys.gc, {f"old{i}": 1.0 for i in range(25)})
@@ -444,7 +444,7 @@ async def test_flow_control_counts_every_uniform_group_as_one_delivery(store):
 
 
 async def test_workers_unseen_for_the_retention_time_are_forgotten(store):
-    from sara_service.scheduler import Scheduler
+    from sara_service.core.scheduler import Scheduler
     from sara_service.settings import Settings
 
     await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")

@@ -1,4 +1,4 @@
-"""Unit tests for sara_service.allocation: p_eff, thresholds, decide, plans, posterior decay."""
+"""sara_service.math.allocation: p_eff, thresholds, decide, plans, posterior decay."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.special import gammaln
 from scipy.stats import betabinom
 
-from sara_service.allocation import (
+from sara_service.math.allocation import (
     GroupPlan,
     Thresholds,
     abandon_thresholds,
@@ -149,7 +149,7 @@ def test_p_eff_stable_at_extreme_priors():
 def test_log_probability_of_staying_pure_is_accurate(a, b, k):
     # The building block: log B(a, b+k)/B(a, b+n). At a >> b a one-step failure probability
     # is ~1e-8, where log1p(-a/(a+b)) would keep only ~8 digits; every entry must keep ~13.
-    from sara_service.allocation import log_stay_pure
+    from sara_service.math.allocation import log_stay_pure
 
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 60

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sara_service import autoprice
-from sara_service.autoprice import AutoPricer
+from sara_service.core import autoprice
+from sara_service.core.autoprice import AutoPricer
 from sara_service.settings import Settings
 
 

@@ -7,8 +7,8 @@ import itertools
 import math
 
 import pytest
-from sara_service.allocation import plan_group
-from sara_service.autotau import (
+from sara_service.math.allocation import plan_group
+from sara_service.math.autotau import (
     GRID, PoolModel, TokenLengths, auto_thresholds, expected_cost_and_yield, fit_pool,
     fixed_point_rho,
 )

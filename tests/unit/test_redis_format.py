@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from sara_service import redis_format as rf
-from sara_service.keys import Keys
+from sara_service.store import redis_format as rf
+from sara_service.store.keys import Keys
 
-LUA = resources.files("sara_service") / "lua"
+LUA = resources.files("sara_service.store") / "lua"
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 

@@ -8,8 +8,8 @@ import random
 import mpmath
 import pytest
 
-from sara_service.allocation import p_eff, plan_group
-from sara_service.reward_levels import (
+from sara_service.math.allocation import p_eff, plan_group
+from sara_service.math.reward_levels import (
     decide_levels, first_non_binary, level_of, level_table, levels_in_use, mixed_chance_levels,
     p_eff_levels, plan_levels,
 )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sara_service.selection import (
+from sara_service.math.selection import (
     DpsParams, differ_chance, dps_mixed_probability, dps_observations, mopps_levels_score,
     mopps_score, top_by_score,
 )
@@ -101,8 +101,7 @@ def test_top_by_score_keeps_the_best_and_breaks_ties_at_random():
 
 
 def test_dps_scores_are_cached_by_observations_and_version():
-    from sara_service import selection
-
+    from sara_service.math import selection
     observations = [[3, "M"], [1, "F"], [3, "S"]]      # as Redis hands them back: lists, unsorted
     before = selection._predicted_mixed.cache_info().hits
     first = dps_mixed_probability(observations, 9)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT
-from sara_service.store_codec import decode_prompt, decode_result, stored_int
+from sara_service.store.codec import decode_prompt, decode_result, stored_int
 
 
 @pytest.mark.parametrize("raw, value", [
@@ -37,7 +37,7 @@ def test_decode_prompt_keeps_good_meta_and_replaces_bad():
 
 def test_batch_rollouts_read_straight_from_json_and_older_nulls_still_floor():
     import orjson
-    from sara_service.answers import stored_result
+    from sara_service.core.answers import stored_result
 
     stored = {"rollout_id": "g:0", "completion": "é", "reward": 1.0, "completion_tokens": 3,
               "policy_version": 2, "logprobs": [-0.5, -1.0]}

@@ -244,7 +244,7 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float 
     Baselines never abandon (thresholds k + 1) and issue k at once; only uniform delivers
     saturated groups. SARA issues enough rollouts to reach its nearer threshold at once.
     tau_low "auto" (SARA only) derives the thresholds from the price `rho` (rollouts per
-    effective group bought elsewhere) with `sara_service.autotau`: `pool` is the PoolModel of
+    effective group bought elsewhere) with `sara_service.math.autotau`: `pool` is the PoolModel of
     this prompt's success rate (default: Beta(alpha0, beta0) discretised; rho default: that
     model's fixed point); tau_floor bounds p_eff at abandonment; allow_skip lets the plan skip
     (off for a plan shared by every fresh prompt: skipping all of them would stall the run).
@@ -267,7 +267,7 @@ def plan_from_tables(policy: str, k: int, fail: list[float], success: list[float
                      tau_low: float) -> GroupPlan:
     """The plan of `policy` from p_eff along the two pure sides (entries n = 0..k): SARA's
     thresholds are where each side first drops below tau_low; the baselines never abandon.
-    `sara_service.reward_levels` plans the reward view with it, from the Dirichlet's tables."""
+    `sara_service.math.reward_levels` plans the reward view with it, from the Dirichlet's tables."""
     tau = _unit("tau_low", tau_low)
     if policy == "sara":
         limits = _thresholds(fail, success, k, tau)

@@ -10,15 +10,15 @@ from typing import Any
 from sara_client.models import GroupOut, GroupSlot, PolicyInfo
 from sara_client.models_stats import Counters, Derived, Queues, StatsResponse, WorkerStats
 
-from . import ds_estimate as ds
-from .errors import NotFound
-from .keys import rollout_id
-from .redis_format import GroupField as G
-from .reward_levels import non_binary_warning
-from .settings import Settings
-from .store import Store
-from .store_codec import stored_int
-from .store_reads import WorkerRow
+from .. import ds_estimate as ds
+from ..errors import NotFound
+from ..store.keys import rollout_id
+from ..store.redis_format import GroupField as G
+from ..math.reward_levels import non_binary_warning
+from ..settings import Settings
+from ..store.store import Store
+from ..store.codec import stored_int
+from ..store.reads import WorkerRow
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 from sara_client.models import PolicyInfo
 
-from . import redis_format as rf
-from .errors import NotFound
-from .store_codec import decode_prompt, decode_result, shared_prompt, stored_int, text
-from .store_errors import unavailable_on_redis_error
+from .. import redis_format as rf
+from ..errors import NotFound
+from .codec import decode_prompt, decode_result, shared_prompt, stored_int, text
+from .errors import unavailable_on_redis_error
 
 RECENT_BATCHES_SHOWN = 20
 

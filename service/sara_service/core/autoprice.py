@@ -1,6 +1,6 @@
 """The price and pool model behind ``tau_low = "auto"``: what the scheduler feeds the pure math.
 
-`sara_service.autotau` needs two things it cannot know from settings: ρ, the rollouts one
+`sara_service.math.autotau` needs two things it cannot know from settings: ρ, the rollouts one
 effective group costs in this pool now, and the pool's distribution of success rates. Both are
 re-derived here every `auto_refit_groups` decided groups (sooner early in a run), from what the
 store already holds:
@@ -36,11 +36,11 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from .allocation import GroupPlan, decay_posterior, plan_group
-from .autotau import PoolModel, TokenLengths, fit_pool, fixed_point_rho
-from .redis_format import PosteriorField
-from .settings import Settings
-from .store import Store
+from ..math.allocation import GroupPlan, decay_posterior, plan_group
+from ..math.autotau import PoolModel, TokenLengths, fit_pool, fixed_point_rho
+from ..store.redis_format import PosteriorField
+from ..settings import Settings
+from ..store.store import Store
 
 SHRINK = 256.0         # effective groups' worth of weight on the model's price
 WINDOW = 3             # refits the live price looks back over

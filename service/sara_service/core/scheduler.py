@@ -26,21 +26,21 @@ from sara_client.models import (
     ResultsResponse, SamplingParams, prompt_json,
 )
 
-from .allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
+from ..math.allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
-from .errors import Conflict, Unfillable
+from ..errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
-from .redis_format import PosteriorField, split_ids
-from .reward_levels import (
+from ..store.redis_format import PosteriorField, split_ids
+from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
 )
-from .selection import (
+from ..math.selection import (
     DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
     greso_streak, mopps_levels_score, mopps_score, top_by_score,
 )
-from .settings import Settings
-from .store import Opening, Store, stored_int
+from ..settings import Settings
+from ..store.store import Opening, Store, stored_int
 from .wake import Ticket, Wakeups
 
 log = logging.getLogger("sara.service")

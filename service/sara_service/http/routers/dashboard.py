@@ -28,7 +28,7 @@ from fastapi.responses import HTMLResponse, Response
 
 
 from ..deps import NON_JSON_AUTH_RESPONSES, Credentials, Forbidden, SettingsDep, Unauthorized, role_of
-from ..errors import NotFound
+from ...errors import NotFound
 
 router = APIRouter(tags=["operator"])
 

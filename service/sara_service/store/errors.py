@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import redis.exceptions
 
-from .errors import StoreUnavailable
+from ..errors import StoreUnavailable
 
 T = TypeVar("T")
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)

@@ -7,9 +7,9 @@ from sara_client.models import GroupOut, HealthResponse, Identifier
 from sara_client.models_stats import StatsResponse
 
 from ..deps import AUTH_RESPONSES, NON_JSON_AUTH_RESPONSES, NOT_FOUND, ReaderRole, SchedulerDep
-from ..errors import StoreUnavailable
+from ...errors import StoreUnavailable
 from ..metrics import CONTENT_TYPE
-from ..observability import group_view, stats_view
+from ...core.observability import group_view, stats_view
 
 router = APIRouter(tags=["operator"])
 

@@ -26,22 +26,22 @@ import redis.asyncio as aioredis
 
 from sara_client.models import PolicyInfo, PromptIn, RolloutResult, prompt_json
 
-from . import redis_format as rf
-from .allocation import GroupPlan
-from .selection import GresoParams
-from .errors import Conflict, NotFound, UnknownRollouts
+from .. import redis_format as rf
+from ..math.allocation import GroupPlan
+from ..math.selection import GresoParams
+from ..errors import Conflict, NotFound, UnknownRollouts
 from .keys import Keys, rollout_id, split_rollout_id
 from .redis_format import SCRIPTS, GroupField, Reply
-from .store_codec import shared_prompt, stored_int, text
-from .store_errors import unavailable_on_redis_error
-from .store_reads import StoreReads
-from .store_runctl import RunControl
+from .codec import shared_prompt, stored_int, text
+from .errors import unavailable_on_redis_error
+from .reads import StoreReads
+from .runctl import RunControl
 
 
 def script_source(name: str) -> str:
     """A script's text as Redis runs it: the shared prelude (lua/_prelude.lua), the shared files
     its spec names (`ScriptSpec.library`), then the script."""
-    lua = resources.files("sara_service") / "lua"
+    lua = resources.files("sara_service.store") / "lua"
     parts = ["_prelude", *(f"_{lib}" for lib in SCRIPTS[name].library), name]
     return "".join((lua / f"{part}.lua").read_text() for part in parts)
 

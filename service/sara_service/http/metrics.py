@@ -2,10 +2,9 @@
 process's own metrics, in one registry per app.
 
 The scheduler's figures come from a custom collector over the same Redis snapshot /stats reads
-(:func:`~sara_service.observability.stats_view`), so both always agree. Metric names are those the
-hand-written exposition used before (``sara_<counter>_total``, ``sara_<derived>``,
-``sara_queue_<field>``, ``sara_policy_version``, ``sara_auto_*``, ``sara_worker_*_total``): the
-dashboards built on them keep working.
+(:func:`~sara_service.core.observability.stats_view`), so both always agree. The metric names
+(``sara_<counter>_total``, ``sara_<derived>``, ``sara_queue_<field>``, ``sara_policy_version``,
+``sara_auto_*``, ``sara_worker_*_total``) are what the shipped dashboards read.
 
 Request metrics are labelled by the route's template (``/groups/{group_id}``), never the raw path:
 one series per route, however many ids clients send.

@@ -26,8 +26,8 @@ from sara_client.models import (
     BatchRollout, BatchStats, LeaseResponse, PolicyInfo, SamplingParams,
 )
 
-from .store import LeasedRollout
-from .store_codec import decode_result
+from ..store.store import LeasedRollout
+from ..store.codec import decode_result
 
 # a group as a batch carries it: (group id, prompt id, stored prompt content, stored results)
 BatchGroupRows = tuple[str, str, dict[str, Any], list[bytes]]

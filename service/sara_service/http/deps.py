@@ -11,9 +11,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sara_client.models import ErrorEnvelope
 
 from .credentials import worker_of
-from .errors import SaraServiceError
-from .scheduler import Scheduler
-from .settings import Settings
+from ..errors import SaraServiceError
+from ..core.scheduler import Scheduler
+from ..settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="Role token: worker, trainer, operator or admin.")
 

@@ -74,7 +74,7 @@ from typing import Any, Sequence
 
 import orjson
 
-from .allocation import GroupPlan
+from ..math.allocation import GroupPlan
 from .keys import split_rollout_id
 
 # --- slot states ---------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from sara_client.models_runctl import (MAX_PAGE, PromptPage, PromptStateRequest,
                                        PromptStateResponse, PromptSummary)
 
 from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, OperatorRole, ReaderRole, SchedulerDep
-from ..redis_format import PosteriorField
-from ..settings import Settings
+from ...store.redis_format import PosteriorField
+from ...settings import Settings
 
 router = APIRouter(prefix="/prompts", tags=["prompts"], responses=AUTH_RESPONSES)
 MAX_CURSOR = 2**64 - 1  # Redis SCAN cursors are unsigned 64-bit: a larger one is its error

@@ -17,16 +17,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sara_client.models import ErrorEnvelope
 
-from .errors import SaraServiceError, StoreUnavailable
+from ..errors import SaraServiceError, StoreUnavailable
 from .health import RedisHealth
 from .metrics import Metrics, RequestMetrics
-from .redis_client import connect
+from ..store.redis_client import connect
 from .routers import (
     add_body_schemas, batches, dashboard, leases, observe, policy, prompts, results, run,
 )
-from .scheduler import Clock, Scheduler
-from .settings import Settings
-from .store import Store
+from ..core.scheduler import Clock, Scheduler
+from ..settings import Settings
+from ..store.store import Store
 
 log = logging.getLogger("sara.service")
 MAINTENANCE_INTERVAL_S = 1.0

@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import NotFound
+from ..errors import NotFound
 from .redis_format import Reply
-from .store_codec import decode_prompt, text
-from .store_errors import unavailable_on_redis_error
+from .codec import decode_prompt, text
+from .errors import unavailable_on_redis_error
 
 RUN_ACTIONS = {"pause": "paused", "drain": "draining", "resume": "running"}
 PROMPT_ACTIONS = ("disable", "enable", "delete")

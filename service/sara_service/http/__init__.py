@@ -1,0 +1,1 @@
+"""The HTTP layer: the FastAPI app, one router per resource, roles, metrics and health."""

@@ -1,0 +1,1 @@
+"""The Redis store: one Lua script per transition, the key names and the stored encodings."""
