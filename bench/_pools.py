@@ -2,7 +2,7 @@
 
 Pools
 -----
-- ``standard``: `sara_service.pools.standard_pool` (30% γ = 0, 25% γ = 1, 45% γ ~ Beta(2, 2)).
+- ``standard``: `sara_worker.sim.pool.standard_pool` (30% γ = 0, 25% γ = 1, 45% γ ~ Beta(2, 2)).
 - a pool file (`--pool-file FILE.jsonl`): one `POST /prompts` item a line, γ in
   ``meta.p_success``, fixed for the run.
 - ``drifting``: the same prompts, but every prompt that is not solved improves linearly with
@@ -47,7 +47,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from sara_service.pools import standard_pool
+from sara_worker.sim.pool import standard_pool
 
 POOLS = ("standard", "drifting")
 DEFAULT_DRIFT = 0.05  # per epoch, for the drifting pool

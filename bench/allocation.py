@@ -102,7 +102,7 @@ from sara_service.math.selection import (  # noqa: E402
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
 from sara_service.settings import DEFAULT_HALF_LIFE  # noqa: E402
-from sara_worker.backends.sim import SimBackend  # noqa: E402
+from sara_worker.sim.backend import SimBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -127,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def standard_prompts(n: int, seed: int) -> list[dict]:
     """The standard pool, each prompt long enough to fill a KV block of the CPU engine (128)."""
-    from sara_service.pools import standard_pool
+    from sara_worker.sim.pool import standard_pool
 
     pool = standard_pool(n, seed)
     for entry in pool:
@@ -342,7 +342,7 @@ def start_schedulers(args, work: Path) -> dict[str, ServeProcess]:
 
 async def run(args, pool: list[dict], work: Path) -> tuple[list[PolicyRound], str]:
     """Every round of every policy, plus the raw engine's, alternated."""
-    from sara_worker.verifiers import sim
+    from sara_worker.sim import verifier as sim
 
     sim.seed(args.seed)
     model = args.model or str(build_model(work, args.max_model_len))

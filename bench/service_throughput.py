@@ -57,7 +57,7 @@ import httpx
 import orjson
 from sara_client import AsyncSaraClient
 from sara_service.embedded import EmbeddedRedis, free_port
-from sara_service.pools import standard_pool
+from sara_worker.sim.pool import standard_pool
 from sara_service.store.store import SCRIPTS, script_source
 
 ROOT = Path(__file__).resolve().parent.parent

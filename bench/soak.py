@@ -105,7 +105,7 @@ async def worker_process_main(args: argparse.Namespace) -> None:
     import logging
 
     from sara_client import AsyncSaraClient
-    from sara_worker.backends.sim import SimBackend
+    from sara_worker.sim.backend import SimBackend
     from sara_worker.loop import WorkerConfig, WorkerLoop
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
@@ -434,7 +434,7 @@ def progress(samples: list[Sample]) -> None:
 async def drive(args: argparse.Namespace, serves: list[Serve], redis_url: str, redis_pid: int,
                 workdir: Path) -> tuple[list[Sample], Tally, list[dict], float]:
     from sara_client import AsyncSaraClient
-    from sara_service.pools import standard_pool
+    from sara_worker.sim.pool import standard_pool
 
     async with AsyncSaraClient(serves[0].url, timeout=60.0) as admin:
         pool = standard_pool(args.prompts, args.seed)

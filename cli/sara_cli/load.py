@@ -47,7 +47,7 @@ def load(
     if (source is None) == (synthetic is None):
         raise fail("give either a file or dataset, or --synthetic N", 2)
     if synthetic is not None:
-        from sara_service.pools import standard_pool
+        from sara_worker.sim.pool import standard_pool
 
         prompts = standard_pool(synthetic, seed)
     else:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from sara_client import AsyncSaraClient, Batch
-from sara_worker.backends.sim import SimBackend
+from sara_worker.sim.backend import SimBackend
 from sara_worker.loop import WorkerLoop
 from sara_worker.support import WorkerConfig
 from sara_worker.verifiers import score

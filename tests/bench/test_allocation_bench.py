@@ -95,7 +95,7 @@ def test_population_figures_match_the_issue():
 
 def test_mean_length_matches_the_sim_backend():
     from sara_client.models import Rollout, SamplingParams
-    from sara_worker.backends.sim import SimBackend
+    from sara_worker.sim.backend import SimBackend
 
     sim = SimBackend(seed=5)
     lengths = pools.Lengths.of_sim(max_tokens=256)

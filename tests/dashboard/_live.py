@@ -13,7 +13,7 @@ import uvicorn
 
 from sara_client import SaraClient
 from sara_service.http.app import create_app
-from sara_service.pools import standard_pool
+from sara_worker.sim.pool import standard_pool
 from sara_service.settings import Settings
 
 from ._cdp import wait_until

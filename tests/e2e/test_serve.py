@@ -16,7 +16,7 @@ import collections
 
 import pytest
 from sara_service.store.keys import split_rollout_id
-from sara_service.pools import standard_pool
+from sara_worker.sim.pool import standard_pool
 
 from ._harness import SUCCESS_THRESHOLD, RunResult, run_scenario
 

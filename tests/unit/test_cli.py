@@ -16,7 +16,7 @@ from sara_cli import bench as bench_cmd
 from sara_cli import common
 from sara_cli import main as cli
 from sara_cli import stats as stats_cmd
-from sara_service.pools import standard_pool
+from sara_worker.sim.pool import standard_pool
 
 runner = CliRunner()
 SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token",

@@ -168,7 +168,7 @@ def test_libraries_do_not_import_the_layers_above_them(package):
 
 
 # The scheduler's layers, bottom to top (sara_service/<layer>/): a layer imports its own and
-# those below it. The modules at the package's top (settings, errors, embedded, pools) serve
+# those below it. The modules at the package's top (settings, errors, embedded) serve
 # every layer and import none but the math; process.py, the process's main, stands above all.
 SERVICE_LAYERS = ("math", "store", "core", "http")
 SERVICE_MAIN = "sara_service.process"
@@ -185,8 +185,7 @@ def _service_layer(module: str) -> int | None:
 
 def test_every_service_module_is_in_a_layer_or_shared():
     shared = {m for m in MODULES if _service_layer(m) == -1}
-    assert shared == {"sara_service.settings", "sara_service.errors", "sara_service.embedded",
-                      "sara_service.pools"}
+    assert shared == {"sara_service.settings", "sara_service.errors", "sara_service.embedded"}
 
 
 def test_the_service_layers_import_only_downward():

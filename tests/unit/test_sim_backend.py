@@ -10,7 +10,7 @@ import pytest
 
 from sara_client.models import Rollout, SamplingParams
 from sara_worker.backends import Backend, available, backend_factory, create_backend
-from sara_worker.backends.sim import SimBackend
+from sara_worker.sim.backend import SimBackend
 from sara_worker.verifiers import score
 
 pytestmark = pytest.mark.anyio

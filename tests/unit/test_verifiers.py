@@ -274,7 +274,7 @@ def test_countdown_arbitrary_expressions_never_raise(expr):
 
 def test_sim_draws_untagged_completions_from_p_success():
     """A real engine's text carries no sim tag: the reward is Bernoulli(meta.p_success)."""
-    from sara_worker.verifiers import sim
+    from sara_worker.sim import verifier as sim
 
     sim.seed(7)
     draws = [score("sim", "any text a model wrote", None, {"p_success": 0.3})

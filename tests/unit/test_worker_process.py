@@ -11,7 +11,7 @@ import pytest
 
 import sara_client
 import sara_worker
-from sara_worker.backends.sim import SimBackend
+from sara_worker.sim.backend import SimBackend
 from sara_worker.process import backend_options, run_until_signalled
 
 

@@ -1,6 +1,6 @@
 """Worker backends, looked up by name and imported only when asked for.
 
-``create_backend("sim", seed=0)`` imports ``sara_worker.backends.sim`` and builds its backend, so
+``create_backend("sim", seed=0)`` imports ``sara_worker.sim.backend`` and builds its backend, so
 choosing ``sim`` never imports torch or vllm. Built in: ``sim``, ``hf`` (transformers),
 ``openai`` (an OpenAI-compatible completions server), ``vllm`` (in-process engine). Other
 packages add backends through the ``sara.backends`` entry-point group (name -> class or factory).
@@ -20,7 +20,7 @@ __all__ = ["Backend", "BaseBackend", "Generation", "BUILTIN", "available", "back
 
 # name -> "module:attribute"; the attribute is a class (or factory) taking keyword options.
 BUILTIN: dict[str, str] = {
-    "sim": "sara_worker.backends.sim:SimBackend",
+    "sim": "sara_worker.sim.backend:SimBackend",
     "hf": "sara_worker.backends.hf:HFBackend",
     "openai": "sara_worker.backends.openai:OpenAIBackend",
     "vllm": "sara_worker.backends.vllm:VLLMBackend",

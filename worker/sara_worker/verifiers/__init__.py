@@ -2,7 +2,7 @@
 
 Every verifier is ``(completion: str, answer: str | None, meta: dict) -> float``. Built in:
 ``exact``, ``arith``, ``countdown``, ``countdown_close`` (partial credit for closeness), ``math``
-(math-verify) and ``sim``; each module is imported the first time its name is asked for.
+(math-verify) and ``sim`` (:mod:`sara_worker.sim.verifier`); each module is imported the first time its name is asked for.
 ``format:<name>`` is verifier ``<name>`` with a bonus for a well-formed answer (`verifiers.format`). More come from ``@register("name")`` or from installed
 packages through the ``sara.verifiers`` entry-point group (name -> verifier function), loaded
 lazily as well.
@@ -25,8 +25,10 @@ Verifier = Callable[[str, "str | None", dict], float]
 __all__ = ["Verifier", "UnknownVerifier", "register", "get", "available", "is_blocking", "score"]
 
 ENTRY_POINT_GROUP = "sara.verifiers"
-BUILTIN = {"exact": "exact", "sim": "sim", "arith": "arith", "countdown": "countdown",
-           "countdown_close": "countdown", "math": "math"}
+# name -> the module that registers it
+BUILTIN = {"exact": f"{__name__}.exact", "arith": f"{__name__}.arith",
+           "countdown": f"{__name__}.countdown", "countdown_close": f"{__name__}.countdown",
+           "math": f"{__name__}.math", "sim": "sara_worker.sim.verifier"}
 FORMAT_PREFIX = "format:"  # verifiers.format.PREFIX, known here without importing it
 log = logging.getLogger("sara.worker.verifiers")
 
@@ -56,7 +58,7 @@ def _load(name: str) -> Verifier | None:
     if name.startswith(FORMAT_PREFIX) and len(name) > len(FORMAT_PREFIX):
         return _load_formatted(name, name[len(FORMAT_PREFIX):])
     if name in BUILTIN:
-        importlib.import_module(f"{__name__}.{BUILTIN[name]}")
+        importlib.import_module(BUILTIN[name])
         return _registry.get(name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:

@@ -14,7 +14,7 @@ import math
 import random
 import re
 
-from . import register
+from ..verifiers import register
 
 _SIM = re.compile(r"<sim reward=([01])>")
 _rng = random.Random()

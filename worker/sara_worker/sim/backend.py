@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from sara_client.models import Rollout
 
-from .base import BaseBackend, Generation
+from ..backends.base import BaseBackend, Generation
 
 
 @dataclass(frozen=True)
