@@ -27,7 +27,7 @@ def main(steps: int = 2, out_dir: str | None = None) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sara_client import local
-    from sara_client.integrations.trl import SaraGRPOTrainer
+    from sara_integrations.trl import SaraGRPOTrainer
     from sara_trainer.tiny import build_tiny_policy
 
     out = out_dir or tempfile.mkdtemp(prefix="sara-trl-")

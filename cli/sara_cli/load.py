@@ -66,8 +66,8 @@ def load(
 
 def read_source(source: str, recipe: str | None, fields: dict[str, Any], split: str,
                 config: str | None, limit: int | None) -> list[dict]:
-    """Prompts from a file or dataset (sara_client.data does the work; this only reports)."""
-    from sara_client.data import load_prompts, mapping_for
+    """Prompts from a file or dataset (sara_integrations.data does the work; this only reports)."""
+    from sara_integrations.data import load_prompts, mapping_for
 
     try:
         # no recipe and no field option: rows are prompts already, as sara load always read them

@@ -196,9 +196,23 @@ def test_dockerignore_keeps_secrets_and_history_out():
     patterns = dockerignore_patterns()
     for path in (".env", ".git", ".venv", "sara-data", "service/sara_service/__pycache__"):
         assert ignored(path, patterns), path
-    for path in ("pyproject.toml", "README.md", "service", "client", "worker", "trainer", "demo",
-                 "cli", "docker/healthcheck.py", ".env.example"):
+    for path in ("pyproject.toml", "README.md", *_source_trees(), "docker/healthcheck.py",
+                 ".env.example"):
         assert not ignored(path, patterns), path
+
+
+def _source_trees() -> set[str]:
+    """The top folders of pyproject.toml's package-dir: what `pip install .` needs."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {path.split("/")[0] for path in config["tool"]["setuptools"]["package-dir"].values()}
+
+
+def test_every_image_copies_every_source_tree_the_install_needs():
+    trees = _source_trees()
+    assert {"service", "client", "worker", "trainer", "integrations"} <= trees
+    for dockerfile in sorted((ROOT / "docker").glob("Dockerfile*")):
+        copied = set(re.findall(r"^COPY (\S+) \./\1$", dockerfile.read_text(), re.M))
+        assert trees <= copied, (dockerfile.name, sorted(trees - copied))
 
 
 # --- the health-check script ---------------------------------------------------------------------

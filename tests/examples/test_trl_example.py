@@ -31,7 +31,7 @@ def test_trl_grpo_trainer_trains_on_sara_batches(tmp_path, capsys):
 def test_group_advantages_are_normalised_per_group():
     import torch
 
-    from sara_client.integrations.trl import _group_advantages
+    from sara_integrations.trl import _group_advantages
 
     adv = _group_advantages(torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0]), [2, 4])
     assert adv[:2].sum().abs() < 1e-5 and adv[2:].sum().abs() < 1e-5
@@ -42,7 +42,7 @@ def test_group_advantages_are_normalised_per_group():
 def test_other_trl_releases_are_refused_with_the_supported_range(version):
     from trl import GRPOTrainer
 
-    from sara_client.integrations.trl import check_trl
+    from sara_integrations.trl import check_trl
 
     with pytest.raises(ImportError, match=r"supports TRL 1\.16\.x only.*found TRL "
                                           + version.replace(".", r"\.")):
@@ -53,7 +53,7 @@ def test_the_installed_trl_is_a_supported_one_with_the_hook():
     import trl
     from trl import GRPOTrainer
 
-    from sara_client.integrations.trl import check_trl
+    from sara_integrations.trl import check_trl
 
     check_trl(trl.__version__, GRPOTrainer)
     check_trl("1.16.9", GRPOTrainer)

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("numpy")
 pytest.importorskip("sara_service")
 
-from sara_client.integrations import openrlhf as orl  # noqa: E402
-from sara_client.integrations import verl  # noqa: E402
+from sara_integrations import openrlhf as orl  # noqa: E402
+from sara_integrations import verl  # noqa: E402
 
 from .conftest import K  # noqa: E402
 from ._drive import encode, fake_generate, next_batch  # noqa: E402

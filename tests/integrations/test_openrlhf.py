@@ -25,7 +25,7 @@ except Exception as exc:  # noqa: BLE001 - ImportError, or a dependency's own im
     pytest.skip(f"OpenRLHF is not importable here: {type(exc).__name__}: {exc}",
                 allow_module_level=True)
 
-from sara_client.integrations import openrlhf as glue  # noqa: E402
+from sara_integrations import openrlhf as glue  # noqa: E402
 
 from .conftest import K  # noqa: E402
 from ._drive import encode, fake_generate, next_batch  # noqa: E402

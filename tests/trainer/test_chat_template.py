@@ -121,7 +121,7 @@ def test_gsm8k_recipe_through_the_hf_worker_and_a_trainer_step(tmp_path):
     from pathlib import Path
 
     import sara_client
-    from sara_client.data import load_prompts, mapping_for
+    from sara_integrations.data import load_prompts, mapping_for
     from sara_trainer.config import TrainerConfig
     from sara_trainer.loop import Trainer
     from sara_trainer.tiny import TinyConfig, build_tiny_policy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sara_client.data import (
+from sara_integrations.data import (
     BOXED_INSTRUCTION, GSM8K_INSTRUCTION, extract_after_hashes, extract_boxed, load_prompts,
     map_rows, mapping_for, row_to_prompt,
 )

@@ -1,6 +1,7 @@
 """The packages' layering, read from their source with `ast` (nothing is imported):
 
-    sara_cli  ->  sara_demo  ->  sara_trainer, sara_worker, sara_service  ->  sara_client
+    sara_cli  ->  sara_demo  ->  sara_trainer, sara_worker, sara_service, sara_integrations
+                             ->  sara_client
 
 and inside sara_service, http -> core -> store -> math;
 
@@ -21,13 +22,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"sara_cli": "cli", "sara_demo": "demo", "sara_service": "service",
-            "sara_client": "client", "sara_worker": "worker", "sara_trainer": "trainer"}
-LIBRARIES = ("sara_service", "sara_client", "sara_worker", "sara_trainer")
+            "sara_client": "client", "sara_worker": "worker", "sara_trainer": "trainer",
+            "sara_integrations": "integrations"}
+LIBRARIES = ("sara_service", "sara_client", "sara_worker", "sara_trainer", "sara_integrations")
 # What each package may not import (its own layer and those above it).
 FORBIDDEN = {
     **{lib: {"sara_cli", "sara_demo"} for lib in LIBRARIES},
     "sara_demo": {"sara_cli"},
-    "sara_client": {"sara_cli", "sara_demo", "sara_service", "sara_worker", "sara_trainer"},
+    "sara_client": {"sara_cli", "sara_demo", "sara_service", "sara_worker", "sara_trainer",
+                    "sara_integrations"},
+    # the bridges to other libraries stand on the SDK alone
+    "sara_integrations": {"sara_cli", "sara_demo", "sara_service", "sara_worker",
+                          "sara_trainer"},
 }
 # sara_client.local() runs the scheduler in-process on request: it imports sara_service inside
 # the function that needs it (documented as needing the service extra), never at module level.

@@ -2,7 +2,7 @@
 abandons saturated groups early, and TRL trains on the effective groups it delivers.
 
     from sara_client import local
-    from sara_client.integrations.trl import SaraGRPOTrainer, reward_from
+    from sara_integrations.trl import SaraGRPOTrainer, reward_from
 
     with local(group_size=4, batch_size=2, tau_low=0.5) as sara:
         sara.add_prompts(prompts)                      # SARA owns the prompts
@@ -37,7 +37,7 @@ def check_trl(version: str, trainer: type) -> None:
     if ".".join(version.split(".")[:2]) not in SUPPORTED_TRL or not callable(
             getattr(trainer, HOOK, None)):
         raise ImportError(
-            f"sara_client.integrations.trl supports TRL {', '.join(SUPPORTED_TRL)}.x only (it "
+            f"sara_integrations.trl supports TRL {', '.join(SUPPORTED_TRL)}.x only (it "
             f"overrides GRPOTrainer.{HOOK}, private in TRL); found TRL {version}: "
             "pip install 'trl>=1.16,<1.17'")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .models import PromptIn
+from sara_client.models import PromptIn
 
 GSM8K_INSTRUCTION = ("Solve the problem step by step. Put the final answer, a number alone, "
                      "on the last line after ####.")

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..chat import is_chat, render_prompt
+from sara_client.chat import is_chat, render_prompt
 
 Encode = Callable[[Any], "list[int]"]
 # (leased rollouts, generate_kwargs) -> one SARA result dict per rollout, in order

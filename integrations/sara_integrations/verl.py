@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..chat import render_prompt
-from ..limits import FLOOR_LOGPROB
+from sara_client.chat import render_prompt
+from sara_client.limits import FLOOR_LOGPROB
 
 Encode = Callable[[Any], "list[int]"]
 

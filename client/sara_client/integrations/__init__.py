@@ -1,1 +1,0 @@
-"""Adapters that put SARA's allocation into other training libraries (optional dependencies)."""
