@@ -3,6 +3,9 @@
 :class:`SaraClient` and :class:`AsyncSaraClient` differ only in how they send a :class:`Call` and
 how they sleep; everything a call means (path, body, timeout, how its answer is parsed, whether and
 when it is retried) is decided here, once.
+
+Past 400 lines because this is the one place every call is defined (the two clients only send),
+which keeps each endpoint's path, body, parsing and retry rule side by side.
 """
 
 from __future__ import annotations

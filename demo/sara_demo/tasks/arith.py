@@ -24,6 +24,9 @@ writes it reversed. That is the worker verifier's contract (``sara_worker.verifi
 reverses the completion's digits, never the gold answer; its tests pin ``"64"`` right for answer
 ``"46"``), and :func:`reward` is that verifier: one rule for the worker and the demo. The
 completion a correct model writes is :attr:`Problem.completion` / :func:`target_completion`.
+
+Past 400 lines because the task is one definition: the buckets, the train/held-out split, the
+problem generators and the reward all follow from the same rules and are read together.
 """
 
 from __future__ import annotations

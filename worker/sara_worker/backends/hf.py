@@ -26,6 +26,10 @@ Options: ``model`` (directory), ``device`` (default ``cuda`` when available, els
 ``dtype`` (``auto``, ``float32``, ``bfloat16``, ``float16``), ``seed`` (for unseeded rollouts),
 ``max_batch``, ``batch_window_s``, ``logprobs`` (bool), ``trust_remote_code``, ``threads`` (torch
 CPU threads, process-wide; on a busy CPU box 1 thread is often fastest for small models).
+
+Past 400 lines because it is a whole engine in one class: loading (and reloading weights in
+place), the continuous batcher, prefill, decode and sampling share the per-request state, and
+splitting them would pass that state across modules.
 """
 
 from __future__ import annotations
