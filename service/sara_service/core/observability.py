@@ -10,7 +10,7 @@ from typing import Any
 from sara_client.models import GroupOut, GroupSlot, PolicyInfo
 from sara_client.models_stats import Counters, Derived, Queues, StatsResponse, WorkerStats
 
-from .. import ds_estimate as ds
+from ..math import ds_estimate as ds
 from ..errors import NotFound
 from ..store.keys import rollout_id
 from ..store.redis_format import GroupField as G

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from sara_client.models import PolicyInfo
 
-from .. import redis_format as rf
+from . import redis_format as rf
 from ..errors import NotFound
 from .codec import decode_prompt, decode_result, shared_prompt, stored_int, text
 from .errors import unavailable_on_redis_error

@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from sara_client.models import PolicyInfo, PromptIn, RolloutResult, prompt_json
 
-from .. import redis_format as rf
+from . import redis_format as rf
 from ..math.allocation import GroupPlan
 from ..math.selection import GresoParams
 from ..errors import Conflict, NotFound, UnknownRollouts
