@@ -291,19 +291,25 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
     except ImportError:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
-    colors = dict(zip(sorted({r["method"] for r in runs}), plt.cm.tab10.colors))
-    seen: set[str] = set()
+    methods = sorted({r["method"] for r in runs})
+    palette = plt.cm.tab20.colors   # eleven keys and more: tab10 ran out at the eleventh
+    colors = {m: palette[i % len(palette)] for i, m in enumerate(methods)}
+    for method in methods:
+        mine = [r for r in runs if r["method"] == method]
+        for r in mine:   # each run faint, the mean over seeds bold
+            left.plot([p["rollouts"] for p in r["curve"]],
+                      [100 * p["accuracy"] for p in r["curve"]],
+                      color=colors[method], lw=0.6, alpha=0.3)
+        grid, mean = mean_curve(mine)
+        left.plot(grid, mean, color=colors[method], lw=1.8,
+                  label=f"{mine[0]['label']} (mean of {len(mine)})")
     for r in runs:
-        left.plot([p["rollouts"] for p in r["curve"]], [100 * p["accuracy"] for p in r["curve"]],
-                  color=colors[r["method"]], lw=1, alpha=0.75,
-                  label=None if r["method"] in seen else r["label"])
-        seen.add(r["method"])
         if r["method"] == "uniform":
             right.plot([p["steps"] for p in r["curve"]],
                        [100 * (p["frac_all_fail"] + p["frac_all_success"]) for p in r["curve"]],
                        color="tab:gray", lw=1)
     left.set(xlabel="rollouts spent", ylabel="held-out greedy accuracy (%)",
-             title="accuracy per rollout, every run")
+             title="accuracy per rollout: every run, and each method's mean")
     left.legend(fontsize=7, loc="lower right")
     left.grid(alpha=0.3)
     right.axhline(30, color="tab:red", ls="--", lw=1)
@@ -315,3 +321,13 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def mean_curve(runs: list[dict[str, Any]], points: int = 60) -> tuple[list[float], list[float]]:
+    """Accuracy (%) averaged over runs on a common grid of rollouts, each run's curve linear
+    between its evaluations, up to the fewest rollouts any of them spent."""
+    end = min(r["curve"][-1]["rollouts"] for r in runs)
+    grid = [end * i / (points - 1) for i in range(points)]
+    curves = [[(p["rollouts"], p["accuracy"]) for p in r["curve"]] for r in runs]
+    mean = [100 * sum(value_at(c, x) or c[-1][1] for c in curves) / len(curves) for x in grid]
+    return grid, mean

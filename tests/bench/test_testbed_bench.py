@@ -259,3 +259,18 @@ def test_quick_testbed_run_of_each_policy_and_selection(tmp_path):
     for method, r in runs.items():   # the scheduler's per-prompt counts, read before it stops
         assert sum(b["committed"] for b in r["by_bucket"].values()) >= r["groups_mixed"] > 0, method
     assert prefix.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_the_chart_draws_every_method_of_the_eleven_and_more(tmp_path):
+    # tab10 has ten colours: the eleventh key (uniform_matched, sorted last) once had none
+    pytest.importorskip("matplotlib")
+    runs = [_run(m, s, [0.3, 0.4 + 0.01 * s, 0.5]) for m in testbed.METHODS for s in (0, 1)]
+    assert len({r["method"] for r in runs}) >= 11
+    assert report.chart(runs, tmp_path / "c.png") and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_methodsmean_curve_averages_its_runs_on_a_common_grid():
+    grid, mean = report.mean_curve([_run("ds", 0, [0.2, 0.4]), _run("ds", 1, [0.4, 0.6])],
+                                    points=3)
+    assert grid == [0.0, 500.0, 1000.0]
+    assert mean == [pytest.approx(30.0), pytest.approx(40.0), pytest.approx(50.0)]
