@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from sara_service.http.app import create_app
+from sara_service.http.credentials import worker_token
 from sara_service.http.routers.dashboard import RedactTokenFilter, redact
 from sara_service.settings import Settings
 
@@ -75,6 +76,16 @@ async def test_page_refuses_other_roles_with_403(secured, role):
         r = await secured.get("/dashboard", **kw)
         assert r.status_code == 403, (kw, r.text)
         assert r.json()["error"]["code"] == "forbidden"
+
+
+async def test_a_per_worker_token_is_known_to_the_page_and_refused_as_a_worker(make_http):
+    # the page and the API decide a token's role by one check: a signed per-worker token is a
+    # worker there too (403 that says so), not an unknown token (401)
+    http = make_http(worker_secret="s" * 32,
+                     **{f"{role}_token": tok for role, tok in TOKENS.items()})
+    r = await http.get("/dashboard", params={"token": worker_token("s" * 32, "w-7")})
+    assert r.status_code == 403, r.text
+    assert "a worker token may not open the dashboard" in r.json()["error"]["message"]
 
 
 async def test_a_bearer_header_wins_over_the_query(secured):

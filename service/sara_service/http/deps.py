@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Callable
+from typing import AbstractSet, Annotated, Callable
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -53,6 +53,24 @@ def role_of(settings: Settings, token: str) -> str | None:
     return found
 
 
+def check_role(settings: Settings, token: str | None, allowed: AbstractSet[str], action: str,
+               missing: str) -> tuple[str, str | None]:
+    """The role `token` grants and the worker it is bound to (a per-worker token), when that role
+    is one of `allowed`: 401 with `missing` when there is no token, 401 when the token is
+    unknown, 403 naming `action` when its role may not do it."""
+    if not token:
+        raise Unauthorized(message=missing)
+    role, bound = role_of(settings, token), None
+    if role is None and settings.worker_secret is not None:
+        bound = worker_of(settings.worker_secret.get_secret_value(), token)
+        role = "worker" if bound is not None else None
+    if role is None:
+        raise Unauthorized(message="invalid token")
+    if role not in allowed:
+        raise Forbidden(message=f"a {role} token may not {action}; needs one of {sorted(allowed)}")
+    return role, bound
+
+
 def require(*roles: str) -> Callable:
     """Dependency allowing `roles` (and admin); open when no tokens are configured."""
     allowed = {"admin", *roles}
@@ -61,18 +79,11 @@ def require(*roles: str) -> Callable:
     async def check(request: Request, settings: SettingsDep, creds: Credentials) -> str | None:
         if not settings.auth_enabled:
             return None
-        if creds is None:
-            raise Unauthorized(message="missing bearer token: send 'Authorization: Bearer <token>'")
-        role = role_of(settings, creds.credentials)
-        if role is None and settings.worker_secret is not None:
-            bound = worker_of(settings.worker_secret.get_secret_value(), creds.credentials)
-            if bound is not None:
-                role, request.state.bound_worker = "worker", bound
-        if role is None:
-            raise Unauthorized(message="invalid token")
-        if role not in allowed:
-            raise Forbidden(message=f"a {role} token may not do this; needs one of "
-                                    f"{sorted(allowed)}")
+        role, bound = check_role(
+            settings, creds.credentials if creds is not None else None, allowed, "do this",
+            missing="missing bearer token: send 'Authorization: Bearer <token>'")
+        if bound is not None:
+            request.state.bound_worker = bound
         return role
 
     return check

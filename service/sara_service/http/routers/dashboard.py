@@ -27,7 +27,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse, Response
 
 
-from ..deps import NON_JSON_AUTH_RESPONSES, Credentials, Forbidden, SettingsDep, Unauthorized, role_of
+from ..deps import NON_JSON_AUTH_RESPONSES, Credentials, SettingsDep, check_role
 from ...errors import NotFound
 
 router = APIRouter(tags=["operator"])
@@ -109,15 +109,9 @@ def require_dashboard(settings: SettingsDep, creds: Credentials,
     if not settings.auth_enabled:
         return None
     given = creds.credentials if creds is not None else token
-    if not given:
-        raise Unauthorized(message="missing token: open /dashboard?token=<operator token> or "
-                                   "send 'Authorization: Bearer <token>'")
-    role = role_of(settings, given)
-    if role is None:
-        raise Unauthorized(message="invalid token")
-    if role not in DASHBOARD_ROLES:
-        raise Forbidden(message=f"a {role} token may not open the dashboard; needs one of "
-                                f"{sorted(DASHBOARD_ROLES)}")
+    role, _ = check_role(settings, given, DASHBOARD_ROLES, "open the dashboard",
+                         missing="missing token: open /dashboard?token=<operator token> or send "
+                                 "'Authorization: Bearer <token>'")
     return role
 
 
