@@ -7,6 +7,7 @@ import pytest
 
 from sara_client.models import PromptIn
 from sara_service.errors import NotFound
+from sara_service.store.codec import StoredPosterior
 
 from .test_store import SARA8, UNI8, counters, lease, report
 
@@ -104,4 +105,4 @@ async def test_listing_pages_with_a_cursor_and_shows_state_and_posterior(store):
             break
     assert len(seen) == 31
     assert seen["q3"].state == "disabled" and seen["q4"].state == "enabled"
-    assert seen["q4"].posterior == {"a": 1, "b": 1, "v": 0}
+    assert seen["q4"].posterior == StoredPosterior(alpha=1.0, beta=1.0, version=0)

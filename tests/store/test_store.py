@@ -11,6 +11,7 @@ import pytest
 from sara_client.models import PromptIn, RolloutResult
 from sara_service.math.allocation import decay_posterior, plan_group
 from sara_service.errors import Conflict, NotFound, UnknownRollouts
+from sara_service.store.codec import StoredPosterior
 from sara_service.store.redis_format import SCRIPTS
 
 pytestmark = pytest.mark.anyio
@@ -42,7 +43,7 @@ async def test_add_prompts_is_idempotent_on_id(store):
     assert await store.add_prompts(prompts, 1.0, 1.0, 0) == (2, [])
     assert await store.add_prompts([("a", PromptIn(prompt="changed"))], 1.0, 1.0, 0) == (0, ["a"])
     content, post = await store.get_prompt("a")
-    assert content["prompt"] == "1+1" and post == {"a": 1.0, "b": 1.0, "v": 0}
+    assert content["prompt"] == "1+1" and post == StoredPosterior(alpha=1.0, beta=1.0, version=0)
     with pytest.raises(NotFound):
         await store.get_prompt("nope")
 
@@ -196,7 +197,7 @@ async def test_abandon_cancels_outstanding_rollouts_and_late_results_only_move_t
     late = await report(store, "w1", [("g:0", 1)])
     assert (late.accepted, late.late, late.decisions) == (0, 1, [("g", "abandon")])
     _, post_after = await store.get_prompt("p")
-    assert post_after["a"] == post_before["a"] + 1
+    assert post_after.alpha == post_before.alpha + 1
     after = await counters(store)
     for name in ("rollouts_completed", "rollouts_cancelled", "groups_abandoned"):
         assert after[name] == c[name]
@@ -315,13 +316,13 @@ async def test_posterior_decays_toward_the_prior_as_the_policy_moves(store):
     await store.add_prompts([("p", PromptIn(prompt="q"))], 1.0, 1.0, 0)
     await _ready_group(store, "a", outcomes=(1, 1, 1, 1, 1, 1, 1, 0))
     _, post = await store.get_prompt("p")
-    assert (post["a"], post["b"]) == (8.0, 2.0)
+    assert (post.alpha, post.beta) == (8.0, 2.0)
     await store.publish_policy(1.0, 2, None)
     await _ready_group(store, "b", outcomes=(0, 1, 1, 1, 1, 1, 1, 1))
     _, post = await store.get_prompt("p")
     # decayed by 0.5^2 first: a = 1 + 7/4, b = 1 + 1/4; then 7 successes and 1 failure
-    assert post["a"] == pytest.approx(1 + 7 / 4 + 7) and post["b"] == pytest.approx(1 + 1 / 4 + 1)
-    assert post["v"] == 2 and post["groups"] == 2
+    assert post.alpha == pytest.approx(1 + 7 / 4 + 7) and post.beta == pytest.approx(1 + 1 / 4 + 1)
+    assert post.version == 2 and post.groups == 2
 
 
 async def _group_at_half_life(store, gid, outcomes, half_life, skipped=0):
@@ -335,10 +336,10 @@ async def _group_at_half_life(store, gid, outcomes, half_life, skipped=0):
 async def test_posterior_halves_per_half_life_in_epochs_of_the_pool_not_per_version(store):
     # the pool is the one prompt "p": each group opened (or prompt skipped) is one epoch
     post = await _group_at_half_life(store, "a", (1, 1, 1, 1, 1, 0, 0, 0), half_life=1.0)
-    assert (post["a"], post["b"], post["t"]) == (6.0, 4.0, 1.0)
+    assert (post.alpha, post.beta, post.clock) == (6.0, 4.0, 1.0)
     await store.publish_policy(1.0, 50, None)  # versions alone no longer forget (decay 1.0)
     post = await _group_at_half_life(store, "b", (1, 1, 1, 1, 1, 0, 0, 0), half_life=1.0)
-    assert (post["a"], post["b"], post["t"]) == (1 + 5 / 2 + 5, 1 + 3 / 2 + 3, 2.0)
+    assert (post.alpha, post.beta, post.clock) == (1 + 5 / 2 + 5, 1 + 3 / 2 + 3, 2.0)
     assert await store.pool_clock() == 2.0
 
 
@@ -346,11 +347,11 @@ async def test_lua_and_python_decay_posteriors_agree_on_the_pool_clock(store):
     post = await _group_at_half_life(store, "a", (1, 0, 1, 1, 0, 1, 0, 1), half_life=3.0)
     # three prompts skipped and one group opened: 4 epochs later, weight 0.5 ** (4 / 3)
     post2 = await _group_at_half_life(store, "b", (0,) * 8, half_life=3.0, skipped=3)
-    a, b = decay_posterior(post["a"], post["b"], 1.0, 1.0, 1.0, 0, 3.0,
-                           await store.pool_clock() - post["t"])
-    assert post2["a"] == pytest.approx(a, rel=1e-13) and post2["b"] == pytest.approx(b + 8,
+    a, b = decay_posterior(post.alpha, post.beta, 1.0, 1.0, 1.0, 0, 3.0,
+                           await store.pool_clock() - post.clock)
+    assert post2.alpha == pytest.approx(a, rel=1e-13) and post2.beta == pytest.approx(b + 8,
                                                                                    rel=1e-13)
-    assert post2["t"] == 5.0
+    assert post2.clock == 5.0
 
 
 async def test_garbage_collection_removes_finished_groups(store):
@@ -377,8 +378,8 @@ async def test_finished_groups_leave_their_outcome_class_in_the_prompt_history(s
     # halved by one version (a = 3, b = 3), then 8 failures and 4 successes give Beta(7, 11),
     # and q = 1 - E[gamma^4] = 1 - (7*8*9*10) / (18*19*20*21)
     q = round(1 - 7 * 8 * 9 * 10 / (18 * 19 * 20 * 21), 6)
-    assert post["obs"] == [[0, "M"], [1, "F"], [1, "S", q]]
-    assert (post["committed"], post["saturated"], post["abandoned"]) == (1, 1, 1)
+    assert post.observations == [[0, "M"], [1, "F"], [1, "S", q]]
+    assert (post.committed, post.saturated, post.abandoned) == (1, 1, 1)
 
 
 async def test_an_aborted_rollout_teaches_nothing_and_its_holder_releases_it_at_once(store):
@@ -395,7 +396,7 @@ async def test_an_aborted_rollout_teaches_nothing_and_its_holder_releases_it_at_
     out = await store.apply_results(1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released, out.late) == (0, 0, 1)
     _, post_after = await store.get_prompt("p")
-    assert (post_after["a"], post_after["b"]) == (post_before["a"], post_before["b"])
+    assert (post_after.alpha, post_after.beta) == (post_before.alpha, post_before.beta)
     c = await counters(store)
     assert c["rollouts_completed"] == 0 and c["tokens_generated"] == 10
 
@@ -410,7 +411,7 @@ async def test_a_worker_error_teaches_nothing_until_the_slot_has_failed_three_ti
         out = await store.apply_results(1.0, worker, broken, [-2], 0.5, 1.0, 1.0, 100.0)
         assert (out.accepted, out.released) == (0, 1)
     _, during = await store.get_prompt("p")
-    assert (during["a"], during["b"]) == (before["a"], before["b"])
+    assert (during.alpha, during.beta) == (before.alpha, before.beta)
     # an error from a worker that no longer holds the slot neither releases nor counts
     out = await store.apply_results(1.0, "w1", broken, [-2], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released, out.late) == (0, 0, 1)
@@ -418,7 +419,7 @@ async def test_a_worker_error_teaches_nothing_until_the_slot_has_failed_three_ti
     out = await store.apply_results(1.0, "w3", broken, [-2], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released) == (1, 0)  # the third error: the slot is a failure
     _, after = await store.get_prompt("p")
-    assert (after["a"], after["b"]) == (before["a"], before["b"] + 1)
+    assert (after.alpha, after.beta) == (before.alpha, before.beta + 1)
     c = await counters(store)
     assert c["rollouts_errored"] == 4 and c["rollouts_completed"] == 1
 

@@ -8,6 +8,7 @@ import pytest
 from sara_service.core import autoprice
 from sara_service.core.autoprice import AutoPricer
 from sara_service.settings import Settings
+from sara_service.store.codec import StoredPosterior
 
 
 class FakeStore:
@@ -16,7 +17,7 @@ class FakeStore:
     def __init__(self) -> None:
         self.counters = {"rollouts_completed": 0, "groups_committed": 0, "groups_abandoned": 0,
                          "groups_dropped_saturated": 0}
-        self.posteriors: list[dict] = []
+        self.posteriors: list[StoredPosterior] = []
         self.clock = 0.0   # epochs of the pool so far
 
     async def counter_values(self, fields):
@@ -66,7 +67,8 @@ def test_the_live_window_pulls_the_price_from_the_model(monkeypatch):
 def test_a_pool_of_hopeless_prompts_makes_runs_of_failures_stop_early():
     pricer, store = AutoPricer(Settings(tau_low="auto", group_size=16)), FakeStore()
     # half the prompts failed 12 times in a row, half were mixed 6:6
-    store.posteriors = [{"a": 1.0, "b": 13.0, "v": 0}] * 200 + [{"a": 7.0, "b": 7.0, "v": 0}] * 200
+    store.posteriors = ([StoredPosterior(alpha=1.0, beta=13.0, version=0)] * 200
+                        + [StoredPosterior(alpha=7.0, beta=7.0, version=0)] * 200)
     _refresh(pricer, store)
     plan = pricer.fresh_plan()
     assert plan.after_failures <= 4 and not plan.skip
@@ -125,7 +127,7 @@ def test_the_pool_model_sees_the_evidence_decayed_by_the_half_life(monkeypatch):
     store = FakeStore()
     # 6 successes and 2 failures recorded at pool epoch 1; now the pool is at epoch 5: two
     # half-lives later, a quarter of the evidence is left
-    store.posteriors = [{"a": 7.0, "b": 3.0, "v": 0, "t": 1.0}]
+    store.posteriors = [StoredPosterior(alpha=7.0, beta=3.0, version=0, clock=1.0)]
     store.clock = 5.0
     assert _refresh(pricer, store)
     assert seen[-1] == [pytest.approx((1.5, 0.5))]

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT
-from sara_service.store.codec import decode_prompt, decode_result, stored_int
+from sara_service.store.codec import (StoredPosterior, decode_posterior, decode_prompt, decode_result,
+                                      stored_int)
 
 
 @pytest.mark.parametrize("raw, value", [
@@ -44,3 +45,24 @@ def test_batch_rollouts_read_straight_from_json_and_older_nulls_still_floor():
     assert json.loads(orjson.dumps(stored_result(json.dumps(stored).encode()))) == stored
     older = json.dumps({**stored, "logprobs": [-0.5, None]}).encode()
     assert json.loads(orjson.dumps(stored_result(older)))["logprobs"] == [-0.5, FLOOR_LOGPROB]
+
+
+def test_a_posterior_reads_as_typed_fields_whatever_lua_wrote_for_its_counts():
+    # cjson writes a count past 2**53 as a double ('1e+17'), and an integer as a JSON number
+    raw = ('{"a": 7, "b": 3.5, "v": 4, "t": 2.25, "groups": 2, "rollouts": 1e+17, "successes": 9,'
+           ' "last": "g1", "obs": [[3, "M"], [4, "F", 0.25]], "lc": {"0": 2, "1": 3.5}}')
+    post = decode_posterior(raw)
+    assert (post.alpha, post.beta, post.version, post.clock) == (7.0, 3.5, 4, 2.25)
+    assert (post.groups, post.rollouts, post.successes) == (2, MAX_STORED_INT, 9)
+    assert (post.committed, post.abandoned, post.saturated) == (0, 0, 0)
+    assert post.last_group == "g1" and post.observations == [[3, "M"], [4, "F", 0.25]]
+    assert post.level_counts == {"0": 2, "1": 3.5} and post.has_evidence
+    assert post.age(version=6, clock=3.0) == (2, 0.75)
+    assert post.age(version=1, clock=0.0) == (0, 0.0)   # never negative
+
+
+@pytest.mark.parametrize("raw", [None, b"", "{}"])
+def test_nothing_stored_reads_as_no_evidence_and_no_age(raw):
+    post = decode_posterior(raw)
+    assert post == StoredPosterior() and not post.has_evidence
+    assert post.age(version=9, clock=5.0) == (0, 0)

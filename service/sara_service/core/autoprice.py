@@ -38,7 +38,7 @@ from typing import Any
 
 from ..math.allocation import GroupPlan, decay_posterior, plan_group
 from ..math.autotau import PoolModel, TokenLengths, fit_pool, fixed_point_rho
-from ..store.redis_format import PosteriorField
+from ..store.codec import StoredPosterior
 from ..settings import Settings
 from ..store.store import Store
 
@@ -155,7 +155,7 @@ class AutoPricer:
         assert self._fitted_at is not None
         return min(self.settings.auto_refit_groups, max(16, self._fitted_at))
 
-    def _evidence(self, posteriors: list[dict[str, Any]], version: int, clock: float
+    def _evidence(self, posteriors: list[StoredPosterior], version: int, clock: float
                   ) -> list[tuple[float, float]]:
         """Each posterior's evidence decayed to now, as the scheduler decays it when it plans a
         group: per policy version since `version`'s and by the half-life in epochs of the pool
@@ -163,12 +163,11 @@ class AutoPricer:
         s = self.settings
         out = []
         for post in posteriors:
-            f = PosteriorField
-            a, b = decay_posterior(post[f.alpha], post[f.beta], s.prior_alpha, s.prior_beta,
-                                   s.posterior_decay,
-                                   max(0, version - int(post.get(f.version, version))),
-                                   s.posterior_half_life,
-                                   max(0.0, clock - post.get(f.clock, clock)))
+            if not post.has_evidence:
+                continue
+            versions, epochs = post.age(version, clock)
+            a, b = decay_posterior(post.alpha, post.beta, s.prior_alpha, s.prior_beta,
+                                   s.posterior_decay, versions, s.posterior_half_life, epochs)
             out.append((a - s.prior_alpha, b - s.prior_beta))
         return out
 

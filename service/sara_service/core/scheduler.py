@@ -31,7 +31,8 @@ from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
 from ..errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
-from ..store.redis_format import PosteriorField, split_ids
+from ..store.codec import StoredPosterior
+from ..store.redis_format import split_ids
 from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
 )
@@ -164,17 +165,15 @@ class Scheduler:
 
     # --- opening groups --------------------------------------------------------------------------
 
-    def _posterior_now(self, post: dict | None, version: int, clock: float
+    def _posterior_now(self, post: StoredPosterior, version: int, clock: float
                        ) -> tuple[float, float]:
         """The posterior decayed to now: `version` and the pool's `clock` (store.pool_clock)."""
         s = self.settings
-        if not post:
+        if not post.has_evidence:
             return s.prior_alpha, s.prior_beta
-        f = PosteriorField
-        versions = max(0, version - int(post.get(f.version, version)))
-        return decay_posterior(post[f.alpha], post[f.beta], s.prior_alpha, s.prior_beta,
-                               s.posterior_decay, versions, s.posterior_half_life,
-                               max(0.0, clock - post.get(f.clock, clock)))
+        versions, epochs = post.age(version, clock)
+        return decay_posterior(post.alpha, post.beta, s.prior_alpha, s.prior_beta,
+                               s.posterior_decay, versions, s.posterior_half_life, epochs)
 
     async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
         """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
@@ -209,7 +208,7 @@ class Scheduler:
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
 
-    async def _greso_keeps(self, posts: list[dict | None], version: int, clock: float
+    async def _greso_keeps(self, posts: list[StoredPosterior], version: int, clock: float
                            ) -> list[bool]:
         """GRESO's pre-rollout filter, prompt by prompt: kept with chance max(p^c, floor) after
         c zero-variance groups in a row (selection.greso_keep_chance); the rates adapt once per
@@ -217,10 +216,10 @@ class Scheduler:
         params = self._greso
         p_easy, p_hard = await self.store.greso_rates(version, clock >= 1.0, params)
         return [self._rng.random() < greso_keep_chance(
-                    *greso_streak((post or {}).get(PosteriorField.observations) or []),
+                    *greso_streak(post.observations),
                     p_easy, p_hard, params) for post in posts]
 
-    def _start_chance(self, post: dict | None, a: float, b: float, version: int,
+    def _start_chance(self, post: StoredPosterior, a: float, b: float, version: int,
                       clock: float) -> float:
         """P(a new group of the prompt comes out effective): its Beta(a, b) p_eff, or under the
         reward view its Dirichlet's (see :meth:`_level_alphas`)."""
@@ -230,16 +229,13 @@ class Scheduler:
         alphas = self._level_alphas(post, version, clock)
         return p_eff_levels([0] * len(alphas), s.group_size, alphas)
 
-    def _level_alphas(self, post: dict | None, version: int, clock: float) -> list[float]:
+    def _level_alphas(self, post: StoredPosterior, version: int, clock: float) -> list[float]:
         """The prompt's Dirichlet over reward levels now: alpha0 per level in use plus its level
         counts, decayed to now as a and b are."""
-        s, f = self.settings, PosteriorField
-        counts = list(((post or {}).get(f.level_counts) or {}).values())
-        weight = 1.0
-        if post:
-            weight = decay_weight(s.posterior_decay, max(0, version - int(post.get(f.version,
-                                  version))), s.posterior_half_life,
-                                  max(0.0, clock - post.get(f.clock, clock)))
+        s = self.settings
+        counts = list(post.level_counts.values())
+        versions, epochs = post.age(version, clock)
+        weight = decay_weight(s.posterior_decay, versions, s.posterior_half_life, epochs)
         alphas = [s.prior_alpha + weight * c for c in counts]
         return alphas + [s.prior_alpha] * max(0, self._levels - len(alphas))
 
@@ -259,10 +255,10 @@ class Scheduler:
             return await self.store.pop_epoch(count, s.seed, shuffled)
         pool = await self.store.random_prompts(count * s.selection_pool)
         version = (await self.store.get_policy()).version
-        posts = [p or {} for p in await self.store.posteriors(pool)]
+        posts = await self.store.posteriors(pool)
         if s.selection == "dps":
             params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
-            history = [p.get(PosteriorField.observations) or [] for p in posts]
+            history = [p.observations for p in posts]
             scores = [dps_mixed_probability(dps_observations(obs, s.dps_censored), version, params)
                       for obs in history]
         elif self.reward_view:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT, meta_problem
+
+from .redis_format import PosteriorField
 
 
 def text(value: Any) -> str:
@@ -61,3 +64,62 @@ def decode_result(raw: Any) -> dict[str, Any]:
     if result.get("logprobs"):
         result["logprobs"] = [FLOOR_LOGPROB if x is None else x for x in result["logprobs"]]
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPosterior:
+    """A prompt's posterior and history as apply_results.lua keeps them (the JSON field names are
+    redis_format.PosteriorField), decoded once here so no reader names a field. A prompt with
+    nothing stored reads as ``StoredPosterior()``: no evidence (`alpha` None), no history."""
+
+    alpha: float | None = None   # Beta(alpha, beta) as last updated, the prior included
+    beta: float | None = None
+    version: int | None = None   # the policy version at that update
+    clock: float | None = None   # the pool's clock in epochs at that update (store.pool_clock)
+    groups: int = 0
+    committed: int = 0
+    abandoned: int = 0
+    saturated: int = 0
+    rollouts: int = 0
+    successes: int = 0
+    last_group: str | None = None
+    # [version, 'F'|'M'|'S'] per decided group, [version, 'F'|'S', q] for an abandoned one
+    observations: list = field(default_factory=list)
+    level_counts: dict[str, float] = field(default_factory=dict)   # the reward view's counts
+
+    @property
+    def has_evidence(self) -> bool:
+        """True once the prompt's Beta posterior is stored (at registration, then per result)."""
+        return self.alpha is not None and self.beta is not None
+
+    def age(self, version: int, clock: float) -> tuple[int, float]:
+        """(policy versions, epochs of the pool) since the last update, at `version` and `clock`
+        now; 0 for what was never recorded (a posterior from before the pool clock existed)."""
+        versions = max(0, version - self.version) if self.version is not None else 0
+        epochs = max(0.0, clock - self.clock) if self.clock is not None else 0.0
+        return versions, epochs
+
+
+def decode_posterior(raw: Any) -> StoredPosterior:
+    """A stored posterior JSON (None or empty: nothing stored) as a StoredPosterior."""
+    post = json.loads(raw) if raw else {}
+    f = PosteriorField
+
+    def number(name: str) -> float | None:
+        value = post.get(name)
+        return float(value) if value is not None else None
+
+    def count(name: str) -> int:
+        value = post.get(name)   # cjson writes a large integer as a double: stored_int reads it
+        return value if type(value) is int else stored_int(value)
+
+    version = post.get(f.version)
+    last = post.get(f.last_group)
+    return StoredPosterior(
+        alpha=number(f.alpha), beta=number(f.beta),
+        version=count(f.version) if version is not None else None, clock=number(f.clock),
+        groups=count(f.groups), committed=count(f.committed), abandoned=count(f.abandoned),
+        saturated=count(f.saturated), rollouts=count(f.rollouts), successes=count(f.successes),
+        last_group=str(last) if last is not None else None,
+        observations=list(post.get(f.observations) or []),
+        level_counts=dict(post.get(f.level_counts) or {}))

@@ -12,7 +12,8 @@ from sara_client.models import PolicyInfo
 
 from . import redis_format as rf
 from ..errors import NotFound
-from .codec import decode_prompt, decode_result, shared_prompt, stored_int, text
+from .codec import (StoredPosterior, decode_posterior, decode_prompt, decode_result, shared_prompt,
+                    stored_int, text)
 from .errors import unavailable_on_redis_error
 
 RECENT_BATCHES_SHOWN = 20
@@ -61,23 +62,23 @@ class StoreReads:
     _script: Any
 
     @unavailable_on_redis_error
-    async def get_prompt(self, pid: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(content, posterior JSON) of one prompt; NotFound if unknown."""
+    async def get_prompt(self, pid: str) -> tuple[dict[str, Any], StoredPosterior]:
+        """(content, posterior) of one prompt; NotFound if unknown."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(self.keys.prompts, pid)
         pipe.hget(self.keys.posteriors, pid)
         content, posterior = await pipe.execute()
         if content is None:
             raise NotFound("unknown_prompt", f"no prompt with id {pid!r}")
-        return decode_prompt(content), json.loads(posterior or "{}")
+        return decode_prompt(content), decode_posterior(posterior)
 
     @unavailable_on_redis_error
-    async def posteriors(self, pids: list[str]) -> list[dict[str, Any] | None]:
-        """Posterior JSON of each prompt id (None where unknown)."""
+    async def posteriors(self, pids: list[str]) -> list[StoredPosterior]:
+        """The posterior of each prompt id (``StoredPosterior()`` where none is stored)."""
         if not pids:
             return []
         raw = await self.redis.hmget(self.keys.posteriors, pids)
-        return [json.loads(r) if r else None for r in raw]
+        return [decode_posterior(r) for r in raw]
 
     @unavailable_on_redis_error
     async def pool_clock(self) -> float:
@@ -91,15 +92,15 @@ class StoreReads:
         return (int(opened or 0) + int(skipped or 0)) / n if n else 0.0
 
     @unavailable_on_redis_error
-    async def sample_posteriors(self, limit: int) -> list[dict[str, Any]]:
-        """Every prompt's posterior JSON when there are at most `limit`, else `limit` at random."""
+    async def sample_posteriors(self, limit: int) -> list[StoredPosterior]:
+        """Every prompt's posterior when there are at most `limit`, else `limit` at random."""
         key = self.keys.posteriors
         if await self.redis.hlen(key) <= limit:
             raw = list((await self.redis.hgetall(key)).values())
         else:
             pairs = await self.redis.hrandfield(key, limit, withvalues=True) or []
             raw = pairs[1::2]
-        return [json.loads(r) for r in raw]
+        return [decode_posterior(r) for r in raw]
 
     @unavailable_on_redis_error
     async def random_prompts(self, count: int) -> list[str]:

@@ -8,13 +8,12 @@ set them and the reads behind `/runs` and `GET /prompts`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NotFound
 from .redis_format import Reply
-from .codec import decode_prompt, text
+from .codec import StoredPosterior, decode_posterior, decode_prompt, text
 from .errors import unavailable_on_redis_error
 
 RUN_ACTIONS = {"pause": "paused", "drain": "draining", "resume": "running"}
@@ -25,7 +24,7 @@ PROMPT_ACTIONS = ("disable", "enable", "delete")
 class ListedPrompt:
     prompt_id: str
     content: dict[str, Any]
-    posterior: dict[str, Any]
+    posterior: StoredPosterior
     state: str  # enabled | disabled
 
 
@@ -51,7 +50,7 @@ class RunControl:
         pipe.hmget(k.posteriors, pids)
         pipe.hmget(k.prompts_off, pids)
         posts, off = await pipe.execute()
-        return int(nxt), [ListedPrompt(pid, decode_prompt(page[raw_pid]), json.loads(post or "{}"),
+        return int(nxt), [ListedPrompt(pid, decode_prompt(page[raw_pid]), decode_posterior(post),
                                        text(state) if state else "enabled")
                           for pid, raw_pid, post, state in zip(pids, page, posts, off)]
 

@@ -12,7 +12,7 @@ from sara_client.models_runctl import (MAX_PAGE, PromptPage, PromptStateRequest,
                                        PromptStateResponse, PromptSummary)
 
 from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, OperatorRole, ReaderRole, SchedulerDep
-from ...store.redis_format import PosteriorField
+from ...store.codec import StoredPosterior
 from ...settings import Settings
 
 router = APIRouter(prefix="/prompts", tags=["prompts"], responses=AUTH_RESPONSES)
@@ -72,12 +72,11 @@ async def delete_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> Promp
     return PromptStateResponse(id=prompt_id, state=state)
 
 
-def posterior_of(post: dict, s: Settings) -> tuple[Posterior, PromptHistory]:
-    """A stored posterior JSON as the answer's posterior and history (the prior where unset)."""
-    f = PosteriorField
-    return (Posterior(alpha=post.get(f.alpha, s.prior_alpha), beta=post.get(f.beta, s.prior_beta),
-                      version=int(post.get(f.version, 0)), epoch=post.get(f.clock)),
-            PromptHistory(groups=post.get(f.groups, 0), committed=post.get(f.committed, 0),
-                          abandoned=post.get(f.abandoned, 0), rollouts=post.get(f.rollouts, 0),
-                          successes=post.get(f.successes, 0),
-                          last_group_id=post.get(f.last_group)))
+def posterior_of(post: StoredPosterior, s: Settings) -> tuple[Posterior, PromptHistory]:
+    """A stored posterior as the answer's posterior and history (the prior where unset)."""
+    return (Posterior(alpha=post.alpha if post.alpha is not None else s.prior_alpha,
+                      beta=post.beta if post.beta is not None else s.prior_beta,
+                      version=post.version or 0, epoch=post.clock),
+            PromptHistory(groups=post.groups, committed=post.committed, abandoned=post.abandoned,
+                          rollouts=post.rollouts, successes=post.successes,
+                          last_group_id=post.last_group))
