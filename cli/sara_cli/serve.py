@@ -8,11 +8,17 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from sara_service import settings as service_settings
+
 from .common import LogFormatOpt, LogLevelOpt, fail, setup_logging
+from .generated import settings_flags, with_generated_flags
 
 SELECTION_HELP = "epoch, history, dps or mopps (which open prompts a group is drawn from)."
+NAMED = {"redis_url", "namespace", "policy", "selection", "group_size", "tau_low", "batch_size",
+         "effective", "data_dir"}   # the settings `sara serve` presents first, with short help
 
 
+@with_generated_flags(settings_flags(service_settings.Settings, skip=NAMED))
 def serve(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
@@ -31,11 +37,14 @@ def serve(
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
     log_level: LogLevelOpt = "info",
     log_format: LogFormatOpt = None,
+    generated: dict[str, Any] | None = None,
 ) -> None:
-    """Run the scheduler. Flags override SARA_* environment variables."""
+    """Run the scheduler. Flags override SARA_* environment variables; every setting but the
+    role tokens has one (tokens only from the environment, where `ps` cannot read them)."""
     flags = {"redis_url": redis_url, "namespace": namespace, "policy": policy,
              "selection": selection, "group_size": group_size, "tau_low": tau_low,
-             "batch_size": batch_size, "effective": effective, "data_dir": data_dir}
+             "batch_size": batch_size, "effective": effective, "data_dir": data_dir,
+             **(generated or {})}
     overrides = {k: v for k, v in flags.items() if v is not None}
     settings = _settings(overrides)
     log_format = setup_logging(log_level, log_format, run=settings.namespace)
@@ -51,7 +60,7 @@ def _settings(overrides: dict[str, Any]):
     """Settings from SARA_* and the flags given; exit 2 naming what is invalid."""
     from pydantic import ValidationError
 
-    from sara_service.settings import Settings
+    from sara_service.settings import Settings  # looked up at the call: tests replace it
 
     try:
         return Settings(**overrides)

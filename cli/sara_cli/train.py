@@ -7,10 +7,20 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from sara_trainer.config import TrainerConfig
+
 from .common import DEFAULT_URL, LogFormatOpt, LogLevelOpt, UrlOpt, fail, option_values, \
     setup_logging
+from .generated import dataclass_flags, with_generated_flags
+
+# the TrainerConfig fields `sara train` presents first, under their own flag names (contracts:
+# --steps is max_steps, --estimator advantage_estimator); `extra` only through --set
+NAMED = {"model", "checkpoint_dir", "max_steps", "advantage_estimator", "lr", "kl_coef", "seed",
+         "checkpoint_every", "publish_every", "device", "dtype", "micro_batch_tokens",
+         "gradient_checkpointing", "threads", "extra"}
 
 
+@with_generated_flags(dataclass_flags(TrainerConfig, skip=NAMED))
 def train(
     model: Annotated[str, typer.Option(help="Hugging Face causal LM directory to start from.")],
     url: UrlOpt = DEFAULT_URL,
@@ -46,9 +56,10 @@ def train(
     log_level: LogLevelOpt = "info",
     log_format: LogFormatOpt = None,
     settings: Annotated[Optional[list[str]], typer.Option(
-        "--set", help="Any other TrainerConfig field as KEY=VALUE, repeatable: e.g. "
-                      "critic_lr=1e-3, gae_lambda=0.95, clip_eps_high=0.28. Group size, batch "
-                      "size and sampling are the scheduler's settings (SARA_GROUP_SIZE, ...).")
+        "--set", help="A TrainerConfig field as KEY=VALUE, repeatable, after the flags: e.g. "
+                      "extra={\"note\": 1} (every other field has its own flag too). Group "
+                      "size, batch size and sampling are the scheduler's settings "
+                      "(SARA_GROUP_SIZE, ...).")
     ] = None,
     report_to: Annotated[str, typer.Option(
         help="Experiment tracking, comma-separated: tensorboard, wandb, mlflow, jsonl, all or "
@@ -59,6 +70,7 @@ def train(
     ] = Path("./sara-data/runs"),
     run_name: Annotated[Optional[str], typer.Option(
         help="The run's name in W&B / MLflow.")] = None,
+    generated: dict[str, Any] | None = None,
 ) -> None:
     """Pull effective batches, update the policy, checkpoint and publish each new version."""
     setup_logging(log_level, log_format)
@@ -66,7 +78,8 @@ def train(
                   advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
                   checkpoint_every=checkpoint_every, publish_every=publish_every, device=device,
                   dtype=dtype, micro_batch_tokens=micro_batch_tokens,
-                  gradient_checkpointing=gradient_checkpointing, threads=threads)
+                  gradient_checkpointing=gradient_checkpointing, threads=threads,
+                  **(generated or {}))
     fields.update(option_values(settings or [], "--set"))
     config = _config(fields)
     reporter = _make_reporter(report_to, logging_dir, run_name, config)
@@ -78,8 +91,6 @@ def train(
 
 def _config(fields: dict[str, Any]):
     """The TrainerConfig, or exit 2 naming the bad field."""
-    from sara_trainer.config import TrainerConfig
-
     try:
         return TrainerConfig.from_dict(fields)
     except (ValueError, TypeError) as e:

@@ -35,12 +35,17 @@ class Settings(BaseSettings):
                                                   "Redis Cluster); unset starts an embedded one.")
     redis_embedded: bool = Field(False, description="Set by `sara serve` when it started Redis.")
     data_dir: Path = Field(Path("./sara-data"), description="Embedded Redis data (AOF).")
-    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+                           description="The run; several runs can share one Redis.")
 
-    policy: AllocationPolicy = "sara"
-    selection: SelectionPolicy = "epoch"
-    prior: PriorMode = "uniform"
-    commit: CommitMode = "complete"
+    policy: AllocationPolicy = Field("sara", description="uniform, dynamic_sampling or sara.")
+    selection: SelectionPolicy = Field(
+        "epoch", description="epoch, history, dps, mopps or greso: which prompts groups open on.")
+    prior: PriorMode = Field(
+        "uniform", description="uniform, or history (the persisted, decayed posterior).")
+    commit: CommitMode = Field(
+        "complete", description="complete (fill a mixed group to k) or partial (train on the "
+                                "mixed prefix).")
     group_size: int = Field(8, ge=2, le=1024, description="k, rollouts per group.")
     tau_low: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["auto"] = Field(
         0.5, description='Abandon a pure prefix once p_eff < tau_low; "auto": the cost-aware '
@@ -56,9 +61,10 @@ class Settings(BaseSettings):
                                 "tokens (the mean completion tokens of a success or a failure, "
                                 "as the run has seen them; the price is then tokens per "
                                 "effective group).")
-    tau_skip: float = Field(0.1, ge=0.0, le=1.0)
-    prior_alpha: float = Field(1.0, gt=0.0)
-    prior_beta: float = Field(1.0, gt=0.0)
+    tau_skip: float = Field(0.1, ge=0.0, le=1.0,
+                            description="history selection skips prompts below this chance.")
+    prior_alpha: float = Field(1.0, gt=0.0, description="Beta prior: alpha.")
+    prior_beta: float = Field(1.0, gt=0.0, description="Beta prior: beta.")
     # Memory runs on the pool's epochs, not on policy versions: a prompt is seen about once an
     # epoch, often ten or more versions apart, and 0.5 per version (the old default) left 1e-4
     # of its history by its next visit. See docs/benchmarks.md, "Posterior memory".
@@ -84,7 +90,7 @@ class Settings(BaseSettings):
     reward_levels: int = Field(
         2, ge=2, le=1024, description="Under effective=reward, the levels a plan assumes before "
                                       "the run has seen more (it then uses the number seen).")
-    seed: int = 0
+    seed: int = Field(0, description="Scheduler randomness.")
     selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")
     dps_decay: float = Field(0.5, ge=0.0, le=1.0, description="DPS count decay per version.")
     dps_prior: float = Field(1.0, gt=0.0, description="DPS Dirichlet prior on transitions.")
@@ -102,21 +108,25 @@ class Settings(BaseSettings):
     greso_step: float = Field(0.01, ge=0.0, le=0.5,
                               description="GRESO's rate change per policy version.")
 
-    batch_size: int = Field(32, ge=1, le=4096)
-    prefetch_batches: int = Field(2, ge=1, le=64)
-    max_staleness: int = Field(1, ge=0)
-    max_rollouts_per_batch: int | None = Field(None, ge=1)
-    lease_ttl_s: float = Field(60.0, gt=0.0)
-    batch_ack_timeout_s: float = Field(300.0, gt=0.0)
+    batch_size: int = Field(32, ge=1, le=4096, description="Groups per batch.")
+    prefetch_batches: int = Field(2, ge=1, le=64, description="Flow-control depth, in batches.")
+    max_staleness: int = Field(1, ge=0,
+                               description="Policy versions a delivered group may lag.")
+    max_rollouts_per_batch: int | None = Field(
+        None, ge=1, description="Rollout budget that ends a batch early; unset: none.")
+    lease_ttl_s: float = Field(60.0, gt=0.0, description="Lease lifetime.")
+    batch_ack_timeout_s: float = Field(300.0, gt=0.0,
+                                       description="Redelivery of an unacked batch.")
     retention_s: float = Field(3600.0, gt=0.0,
                                description="How long finished groups and unseen workers are kept.")
-    worker_stale_s: float = Field(120.0, gt=0.0)
+    worker_stale_s: float = Field(120.0, gt=0.0,
+                                  description="A worker unseen this long shows as stale.")
     report_ttl_s: float = Field(3600.0, gt=0.0, description="How long the answer to a result "
                                 "report with a report_id is kept for a retry to fetch again.")
 
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature sent to workers.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling sent to workers.")
+    max_tokens: int = Field(256, ge=1, description="Completion tokens at most, sent to workers.")
 
     poll_interval_s: float = Field(
         1.0, gt=0.0, description="Longest a long poll waits between checks: it wakes when Redis "
@@ -128,7 +138,8 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         5.0, gt=0.0, description="On SIGTERM, how long `sara serve` waits for requests in flight "
                                  "(long polls are answered at once) before it cancels them.")
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024,
+                                description="Request size cap (413 above).")
 
     worker_token: SecretStr | None = None
     trainer_token: SecretStr | None = None

@@ -20,47 +20,73 @@ SCHEDULER_SETTINGS = frozenset({"k", "group_size", "batch_groups", "batch_size",
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def doc(help_text: str) -> dict[str, str]:
+    """A field's help, where `sara train --help` reads it (``metadata["help"]``)."""
+    return {"help": help_text}
+
+
 @dataclass
 class TrainerConfig:
     # policy
-    model: str = "./sara-data/tiny-policy"      # HF directory (or checkpoint root) to start from
-    device: str = "cpu"                         # cpu, cuda, cuda:N, or auto (cuda if present)
-    dtype: str = "auto"                         # auto: fp32 weights, bf16 autocast on CUDA
-    gradient_checkpointing: bool = False        # recompute activations in backward
-    threads: int = 2                            # torch intra-op threads on CPU
-    seed: int = 0
+    model: str = field(
+        default="./sara-data/tiny-policy",
+        metadata=doc("HF directory (or checkpoint root) to start from"))
+    device: str = field(default="cpu", metadata=doc("cpu, cuda, cuda:N, or auto (cuda if present)"))
+    dtype: str = field(default="auto", metadata=doc("auto: fp32 weights, bf16 autocast on CUDA"))
+    gradient_checkpointing: bool = field(
+        default=False, metadata=doc("recompute activations in backward"))
+    threads: int = field(default=2, metadata=doc("torch intra-op threads on CPU"))
+    seed: int = field(default=0, metadata=doc("torch seed"))
     # RL optimisation
-    lr: float = 1e-4
-    lr_warmup_steps: int = 0                    # linear warm-up of the RL learning rate
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_rollouts: int = 256             # rollouts per forward/backward pass (at most)
-    micro_batch_tokens: int = 0                 # padded tokens per pass (at most); 0: no budget
-    logprob_chunk_rows: int = 1024              # completion positions per output-head chunk
-    updates_per_batch: int = 1                  # optimiser steps per batch (> 1: off-policy PPO)
-    advantage_estimator: str = "grpo"
-    advantage_eps: float = 1e-6
-    std_unbiased: bool = True                   # Bessel-corrected std in GRPO / Reinforce++
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28                 # DAPO clip-higher
-    kl_coef: float = 0.0                        # k3 KL to the reference (initial) policy
-    loss_aggregation: str = "token-mean"
+    lr: float = field(default=1e-4, metadata=doc("AdamW learning rate"))
+    lr_warmup_steps: int = field(default=0, metadata=doc("linear warm-up of the RL learning rate"))
+    weight_decay: float = field(default=0.0, metadata=doc("AdamW weight decay"))
+    grad_clip: float = field(default=1.0, metadata=doc("gradient norm clip"))
+    micro_batch_rollouts: int = field(
+        default=256, metadata=doc("rollouts per forward/backward pass (at most)"))
+    micro_batch_tokens: int = field(
+        default=0, metadata=doc("padded tokens per pass (at most); 0: no budget"))
+    logprob_chunk_rows: int = field(
+        default=1024, metadata=doc("completion positions per output-head chunk"))
+    updates_per_batch: int = field(
+        default=1, metadata=doc("optimiser steps per batch (> 1: off-policy PPO)"))
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata=doc("grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline or gae"))
+    advantage_eps: float = field(
+        default=1e-6, metadata=doc("added to the std that normalises advantages"))
+    std_unbiased: bool = field(
+        default=True, metadata=doc("Bessel-corrected std in GRPO / Reinforce++"))
+    clip_eps_low: float = field(default=0.2, metadata=doc("PPO ratio clip below 1"))
+    clip_eps_high: float = field(default=0.28, metadata=doc("DAPO clip-higher"))
+    kl_coef: float = field(default=0.0, metadata=doc("k3 KL to the reference (initial) policy"))
+    loss_aggregation: str = field(
+        default="token-mean",
+        metadata=doc("token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"))
     # PPO critic (advantage_estimator "gae")
-    gamma: float = 1.0                          # discount over completion tokens
-    gae_lambda: float = 0.95
-    critic_lr: float = 1e-4
-    value_clip_eps: float = 0.2                 # 0: unclipped value loss
-    normalize_values: bool = True               # the critic predicts running-normalised returns
-    whiten_advantages: bool = True              # mean 0, std 1 over the batch's tokens
-    critic_warmup_steps: int = 0                # first steps train only the critic
+    gamma: float = field(default=1.0, metadata=doc("discount over completion tokens"))
+    gae_lambda: float = field(default=0.95, metadata=doc("GAE lambda (gae only)"))
+    critic_lr: float = field(default=1e-4, metadata=doc("the critic's learning rate (gae only)"))
+    value_clip_eps: float = field(
+        default=0.2, metadata=doc("PPO value clip; 0: unclipped value loss"))
+    normalize_values: bool = field(
+        default=True, metadata=doc("the critic predicts running-normalised returns"))
+    whiten_advantages: bool = field(
+        default=True, metadata=doc("mean 0, std 1 over the batch's tokens"))
+    critic_warmup_steps: int = field(default=0, metadata=doc("first steps train only the critic"))
     # steps and checkpoints
-    max_steps: int = 200
-    checkpoint_dir: str = "./sara-data/checkpoints"
-    checkpoint_every: int = 10                  # full resume checkpoints (with the optimiser)
-    publish_every: int = 0                      # weights-only policy versions; 0: = checkpoint_every
-    keep_checkpoints: int = 3
+    max_steps: int = field(
+        default=200, metadata=doc("total optimiser steps to reach (a resumed run counts on)"))
+    checkpoint_dir: str = field(
+        default="./sara-data/checkpoints", metadata=doc("where checkpoints go"))
+    checkpoint_every: int = field(
+        default=10, metadata=doc("full resume checkpoints (with the optimiser)"))
+    publish_every: int = field(
+        default=0, metadata=doc("weights-only policy versions; 0: = checkpoint_every"))
+    keep_checkpoints: int = field(
+        default=3, metadata=doc("full checkpoints kept (older ones are removed)"))
     # service
-    batch_wait_s: float = 30.0                  # long poll for the next batch
+    batch_wait_s: float = field(default=30.0, metadata=doc("long poll for the next batch"))
     extra: dict[str, Any] = field(default_factory=dict)   # free-form, kept verbatim
 
     def __post_init__(self) -> None:

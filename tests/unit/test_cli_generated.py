@@ -1,0 +1,99 @@
+"""Flags generated from Settings and TrainerConfig: every field a user can set has one, a flag
+reaches the configuration it names, and the names scripts call stay as they were."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from sara_cli import main as cli
+from sara_service.settings import Settings
+from sara_trainer.config import TrainerConfig
+
+runner = CliRunner()
+SECRETS = {"worker_token", "trainer_token", "operator_token", "admin_token", "worker_secret"}
+
+
+def _options(command: str) -> set[str]:
+    """Every long option name of `sara COMMAND`."""
+    group = typer.main.get_command(cli.app)
+    params = group.commands[command].params   # type: ignore[attr-defined]
+    return {o for p in params if p.param_type_name == "option" for o in p.opts}
+
+
+def test_every_scheduler_setting_but_the_secrets_is_a_flag_of_sara_serve():
+    options = _options("serve")
+    for name in set(Settings.model_fields) - SECRETS:
+        assert "--" + name.replace("_", "-") in options, name
+    for secret in SECRETS:   # a command line is visible to every user of the machine
+        assert "--" + secret.replace("_", "-") not in options
+
+
+def test_every_trainer_field_is_a_flag_of_sara_train_under_its_contract_name():
+    options = _options("train")
+    renamed = {"max_steps": "--steps", "advantage_estimator": "--estimator"}
+    for f in dataclasses.fields(TrainerConfig):
+        if f.name != "extra":   # a mapping: --set extra=...
+            assert renamed.get(f.name, "--" + f.name.replace("_", "-")) in options, f.name
+    assert "--max-steps" not in options and "--set" in options
+
+
+def _serve_settings(monkeypatch, args: list[str]) -> Settings:
+    import sara_service.settings as settings_module
+
+    seen = {}
+
+    def capture(**overrides):
+        seen["settings"] = Settings(**overrides)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(settings_module, "Settings", capture)
+    result = runner.invoke(cli.app, ["serve", *args])
+    assert result.exit_code == 0, result.output
+    return seen["settings"]
+
+
+def test_a_generated_serve_flag_reaches_the_settings_and_beats_the_environment(monkeypatch):
+    monkeypatch.setenv("SARA_MAX_STALENESS", "5")
+    settings = _serve_settings(monkeypatch, ["--max-staleness", "3", "--prior", "history",
+                                             "--no-dps-censored", "--posterior-half-life", "inf"])
+    assert (settings.max_staleness, settings.prior, settings.dps_censored) == (3, "history", False)
+    assert settings.posterior_half_life == float("inf")
+    # unset flags leave the environment's value in force
+    monkeypatch.setenv("SARA_TEMPERATURE", "0.7")
+    assert _serve_settings(monkeypatch, []).temperature == 0.7
+
+
+@pytest.mark.parametrize("args, named", [(["--prior", "sometimes"], "prior"),
+                                         (["--max-staleness", "-1"], "max_staleness")])
+def test_a_bad_generated_serve_flag_exits_2_naming_the_setting(args, named):
+    result = runner.invoke(cli.app, ["serve", *args])
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output and named in result.output
+
+
+def test_a_generated_train_flag_reaches_the_config(monkeypatch):
+    import sara_trainer.loop as loop
+
+    seen = {}
+
+    def fake_train(config, url, token, on_step=None):
+        seen["config"] = config
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    runner.invoke(cli.app, ["train", "--model", "m", "--critic-lr", "0.001", "--no-std-unbiased",
+                            "--loss-aggregation", "seq-mean-token-mean", "--steps", "7",
+                            "--set", "extra={\"note\": 1}"])
+    config = seen["config"]
+    assert (config.critic_lr, config.std_unbiased, config.max_steps) == (1e-3, False, 7)
+    assert config.loss_aggregation == "seq-mean-token-mean" and config.extra == {"note": 1}
+    assert config.gae_lambda == TrainerConfig().gae_lambda   # not given: the default
+
+
+def test_a_bad_generated_train_flag_exits_2_naming_the_field():
+    result = runner.invoke(cli.app, ["train", "--model", "m", "--loss-aggregation", "mean"])
+    assert result.exit_code == 2 and "loss_aggregation" in result.output
