@@ -34,15 +34,17 @@
 --          breaks the engine cannot circulate for ever
 -- An audited group (flagged when it opened) that reaches its abandonment point is completed to k
 -- instead: the counters audits_mixed / audits_pure measure what abandoning such groups loses.
+
+-- The script is its library functions first, then a short driver at the end: read what the
+-- call touches, apply each result in order, write every key back once, answer.
+
+-- arguments, by name
 local now, wid = tonumber(ARGV[1]), ARGV[2]
 local decay, a0, b0, retention = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local half_life = tonumber(ARGV[7])
 local count, report_ttl, holder_only = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10] == '1'
 local REPORT = KEYS[16]
-if report_ttl > 0 then
-  local stored = redis.call('GET', REPORT)
-  if stored then return {'replay', stored} end
-end
+
 local S, INFL, PEND, STATS, OPEN, READY, POST, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local HIST, WORKERS, WINFO, POLICY, GC, GSTATE = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local PROMPTS, YIELD, WAKE, LEVELS = KEYS[15], KEYS[17], KEYS[18], KEYS[19]
@@ -52,6 +54,7 @@ local reward_view = levels_n > 0
 local results = cjson.decode(ARGV[11])
 local function arg(i, j) return results[i][j] end
 local MAX_ERRORS_PER_SLOT = 3
+
 -- Every read goes through the caches below and every write is held until the end, then sent as
 -- one command per key (a hash's fields in one HSET, a list's pushes in one LPUSH, in order): the
 -- script's Redis work grows with the keys a call touches, not with its results.
@@ -70,71 +73,87 @@ local function hmget_map(key, ids)
   return out
 end
 
--- slot states: every reported rollout's at once; a group's other slots when it is cancelled.
--- Each rollout id is split into group id and slot once, here (rgid[i] is nil for an id that
--- names no slot).
+-- The call's state: read once, changed in memory, written back once by the write functions.
+-- rids[i], rgid[i], rsl[i]: result i's rollout id, group id and slot (rgid[i] nil for an id that
+-- names no slot); gids: the groups reported on, each once, gids_seen[gid] its index in KEYS
 local rids, rgid, rsl, gids_seen, gids = {}, {}, {}, {}, {}
-for i = 1, count do
-  rids[i] = arg(i, 1)
-  local gid, sl = string.match(rids[i], '^(.*):(%d+)$')
-  rgid[i], rsl[i] = gid, sl
-  if gid and not gids_seen[gid] then gids_seen[gid] = tonumber(arg(i, 2)); gids[#gids + 1] = gid end
+local slot, slot_writes = {}, {}      -- slot states (the slots hash)
+local groups = {}                     -- gid -> the group's fields (g.w: its fields to write)
+local gstate, gstate_writes = {}, {}  -- gid -> open | committed | abandoned | ready | dropped
+local incr, fincr, hist, level_incr = {}, {}, {}, {}   -- counters, added once at the end
+local version, clock = 0, 0           -- the policy version and the pool's clock (epochs)
+local posts, post_writes = {}, {}     -- pid -> its posterior, decoded once
+local cancel_adds, cancel_workers = {}, {}   -- other workers' cancel lists, appended at the end
+local open_final, open_order = {}, {}        -- the open-groups zset's changes, in order
+local infl_rem, pend_push, ready_push, gc_add = {}, {}, {}, {}
+local tally = {accepted = 0, dups = 0, late = 0, released = 0, tokens = 0, newest = -1}
+local decided, order = {}, {}         -- gid -> its decision for the answer, in report order
+
+-- --- reading -------------------------------------------------------------------------------
+
+-- Slot states: every reported rollout's at once (a group's other slots are read when it is
+-- cancelled). Each rollout id is split into group id and slot once, here.
+local function read_slots()
+  for i = 1, count do
+    rids[i] = arg(i, 1)
+    local gid, sl = string.match(rids[i], '^(.*):(%d+)$')
+    rgid[i], rsl[i] = gid, sl
+    if gid and not gids_seen[gid] then gids_seen[gid] = tonumber(arg(i, 2)); gids[#gids + 1] = gid end
+  end
+  slot = hmget_map(S, rids)
 end
-local slot = hmget_map(S, rids)
-local slot_writes = {}
 local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 
 -- groups: the fields decisions read, and the per-slot fields of the slots reported here (a
 -- slot's error count only with a worker error for it: each field read costs as much as the rest)
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
   'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps', 'lv', 'lvn', 'lvx'}
-local per_group_fields = {}
-for i = 1, count do
-  local gid = rgid[i]
-  if gid then
-    local list = per_group_fields[gid] or {}
-    list[#list + 1] = 'learned:' .. rsl[i]
-    if tonumber(arg(i, 3)) == -2 then list[#list + 1] = 'errors:' .. rsl[i] end
-    per_group_fields[gid] = list
+
+local function read_groups()
+  local per_group_fields = {}
+  for i = 1, count do
+    local gid = rgid[i]
+    if gid then
+      local list = per_group_fields[gid] or {}
+      list[#list + 1] = 'learned:' .. rsl[i]
+      if tonumber(arg(i, 3)) == -2 then list[#list + 1] = 'errors:' .. rsl[i] end
+      per_group_fields[gid] = list
+    end
   end
-end
-local groups = {}
-for _, gid in ipairs(gids) do
-  local fields = {unpack(GROUP_FIELDS)}
-  for _, field in ipairs(per_group_fields[gid]) do fields[#fields + 1] = field end
-  local gkey = KEYS[gids_seen[gid]]
-  local v = redis.call('HMGET', gkey, unpack(fields))
-  if v[1] then
-    local g = {key = gkey, gid = gid, pid = v[1], k = tonumber(v[2]), issued = tonumber(v[3]),
-      done = tonumber(v[4]), s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]),
-      thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
-      audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
-      w = {}, ptab = {pf = v[15], ps = v[16]}, lv = v[17], lvn = tonumber(v[18] or '0'),
-      lvx = tonumber(v[19] or '0')}
-    for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
-    groups[gid] = g
+  for _, gid in ipairs(gids) do
+    local fields = {unpack(GROUP_FIELDS)}
+    for _, field in ipairs(per_group_fields[gid]) do fields[#fields + 1] = field end
+    local gkey = KEYS[gids_seen[gid]]
+    local v = redis.call('HMGET', gkey, unpack(fields))
+    if v[1] then
+      local g = {key = gkey, gid = gid, pid = v[1], k = tonumber(v[2]), issued = tonumber(v[3]),
+        done = tonumber(v[4]), s = tonumber(v[5]), f = tonumber(v[6]), thr_f = tonumber(v[7]),
+        thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
+        audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
+        w = {}, ptab = {pf = v[15], ps = v[16]}, lv = v[17], lvn = tonumber(v[18] or '0'),
+        lvx = tonumber(v[19] or '0')}
+      for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
+      groups[gid] = g
+    end
   end
 end
 
-local unknown = {}
-for i = 1, count do
-  local gid = rgid[i]
-  -- a rollout id names its group's key in KEYS: the key must be the one for this id
-  if not slot[rids[i]] or not gid or not groups[gid] or KEYS[tonumber(arg(i, 2))] ~= groups[gid].key then
-    unknown[#unknown + 1] = rids[i]
+-- The rollout ids that name no slot of a group reported on (a rollout id names its group's key
+-- in KEYS: the key must be the one for this id).
+local function unknown_rollouts()
+  local unknown = {}
+  for i = 1, count do
+    local gid = rgid[i]
+    if not slot[rids[i]] or not gid or not groups[gid] or KEYS[tonumber(arg(i, 2))] ~= groups[gid].key then
+      unknown[#unknown + 1] = rids[i]
+    end
   end
+  return unknown
 end
-if #unknown > 0 then return {'unknown', unknown} end
 
-local gstate = hmget_map(GSTATE, gids)
-local gstate_writes = {}
 local function set_gstate(gid, st) gstate[gid] = st; gstate_writes[gid] = st end
-
--- counters, added once at the end
-local incr, fincr, hist, level_incr = {}, {}, {}, {}
 local function count_up(field, n) incr[field] = (incr[field] or 0) + n end
 
-local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
 -- The pool's clock, in epochs: prompts consumed (groups opened + prompts skipped) per prompt.
 -- A prompt is visited about once per epoch whatever the number of policy versions in between,
 -- so a half-life on this clock keeps its history until its next visit (the store reads the
@@ -145,17 +164,23 @@ local function pool_clock()
   local c = redis.call('HMGET', STATS, 'groups_opened', 'groups_skipped')
   return (tonumber(c[1] or '0') + tonumber(c[2] or '0')) / n
 end
-local clock = pool_clock()
 
--- posteriors of the touched groups' prompts, decoded once and written once
-local pids, pid_seen = {}, {}
-for _, gid in ipairs(gids) do
-  local pid = groups[gid].pid
-  if not pid_seen[pid] then pid_seen[pid] = true; pids[#pids + 1] = pid end
+-- What the decisions read besides the groups: their states, the policy version, the pool's
+-- clock, and the posteriors of their prompts (decoded once, written once).
+local function read_decision_state()
+  gstate = hmget_map(GSTATE, gids)
+  version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
+  clock = pool_clock()
+  local pids, pid_seen = {}, {}
+  for _, gid in ipairs(gids) do
+    local pid = groups[gid].pid
+    if not pid_seen[pid] then pid_seen[pid] = true; pids[#pids + 1] = pid end
+  end
+  for pid, raw in pairs(hmget_map(POST, pids)) do posts[pid] = raw and cjson.decode(raw) or false end
 end
-local posts = {}
-for pid, raw in pairs(hmget_map(POST, pids)) do posts[pid] = raw and cjson.decode(raw) or false end
-local post_writes = {}
+
+-- --- learning and deciding -----------------------------------------------------------------
+
 -- cjson writes 14 significant digits: what a later step of this call reads is that value, as
 -- it was when every step wrote the posterior and the next one read it back
 local function r14(x) return tonumber(string.format('%.14g', x)) end
@@ -240,7 +265,6 @@ local function record_outcome(pid, field, outcome, q)
 end
 
 -- cancel lists of other workers, appended to once at the end (this worker's comes back now)
-local cancel_adds, cancel_workers = {}, {}
 local function add_cancel(worker, rid)
   if not cancel_adds[worker] then cancel_adds[worker] = {}; cancel_workers[#cancel_workers + 1] = worker end
   local list = cancel_adds[worker]
@@ -248,12 +272,10 @@ local function add_cancel(worker, rid)
 end
 
 -- the open-groups zset and its running total (expected yield in units of 1e-9 groups)
-local open_final, open_order = {}, {}
 local function set_open(gid, score)
   if open_final[gid] == nil then open_order[#open_order + 1] = gid end
   open_final[gid] = score
 end
-local infl_rem, pend_push, ready_push, gc_add = {}, {}, {}, {}
 
 local function issue(g, from, to)
   if to <= from then return end
@@ -474,15 +496,18 @@ local function release(rid)
   count_up('rollouts_reissued', 1)
 end
 
-local accepted, dups, late, released, tokens, newest = 0, 0, 0, 0, 0, -1
-local decided, order = {}, {}
-for i = 1, count do
+-- --- applying one result ------------------------------------------------------------------
+
+-- Result i, in report order: a worker error counts towards its slot's cap; a duplicate is
+-- counted; an abort by its holder releases the slot; anything else teaches its prompt (once per
+-- slot) and, when it fills an open slot, decides the group.
+local function apply_result(i)
   local rid, success = rids[i], tonumber(arg(i, 3))
   local level = reward_view and arg(i, 6) or nil
   local gid, sl = rgid[i], rsl[i]
   local g = groups[gid]
-  tokens = tokens + tonumber(arg(i, 4))
-  newest = math.max(newest, tonumber(arg(i, 5)))
+  tally.tokens = tally.tokens + tonumber(arg(i, 4))
+  tally.newest = math.max(tally.newest, tonumber(arg(i, 5)))
   local st = slot[rid]
   local held_here = string.match(st, '^l|[^|]*|(.*)$') == wid
   if success == -2 then
@@ -502,19 +527,19 @@ for i = 1, count do
   local copy_holder = string.match(st, '^d|(.*)$')
   local others = holder_only and string.sub(st, 1, 2) == 'l|' and not held_here
   if st == 'd' or (copy_holder and copy_holder ~= wid) or others then
-    dups = dups + 1
+    tally.dups = tally.dups + 1
   elseif aborted and held_here then
     release(rid)
-    released = released + 1
+    tally.released = tally.released + 1
   else
     local decision = nil
     if not aborted then learn_once(g, sl, success, level, tonumber(arg(i, 4))) end
     if st == 'c' or copy_holder or aborted then
-      late = late + 1
+      tally.late = tally.late + 1
       if copy_holder then set_slot(rid, 'd') end
     else
       decision = fill(rid, g, sl, success, st, tonumber(arg(i, 5)), ARGV[12 + i], level)
-      accepted = accepted + 1
+      tally.accepted = tally.accepted + 1
     end
     if not decided[gid] then order[#order + 1] = gid end
     -- a result that decided nothing answers with the group's standing verdict
@@ -527,29 +552,37 @@ for i = 1, count do
   end
 end
 
--- write back: one command per key
-hset_map(S, slot_writes)
-if #infl_rem > 0 then call_chunked('ZREM', INFL, infl_rem) end
-if #pend_push > 0 then call_chunked('LPUSH', PEND, pend_push) end
--- the ready list's length goes with the wake-up: a trainer waiting for a batch of n groups
--- sleeps on through fewer
-local ready_len = 0
-if #ready_push > 0 then ready_len = redis.call('RPUSH', READY, unpack(ready_push)) end
-hset_map(GSTATE, gstate_writes)
-if #gc_add > 0 then call_chunked('ZADD', GC, gc_add) end
-for _, gid in ipairs(gids) do
-  local g = groups[gid]
-  g.w.done, g.w.s, g.w.f = g.done, g.s, g.f
-  if reward_view then g.w.lvn, g.w.lvx = g.lvn, g.lvx end
-  hset_map(g.key, g.w)
-end
-local post_out = {}
-for pid in pairs(post_writes) do post_out[pid] = cjson.encode(posts[pid]) end
-hset_map(POST, post_out)
+-- --- writing back: one command per key ------------------------------------------------------
 
--- the open-groups zset, and the running total of its scores that open_groups.lua reads
-local room_freed = false
-if #open_order > 0 then
+-- Slots, the inflight and pending queues, the ready list, group states, the collection
+-- schedule, the groups and the posteriors. Returns the ready list's length (0 when nothing was
+-- made ready): it goes with the wake-up, so a trainer waiting for a batch of n groups sleeps on
+-- through fewer.
+local function write_state()
+  hset_map(S, slot_writes)
+  if #infl_rem > 0 then call_chunked('ZREM', INFL, infl_rem) end
+  if #pend_push > 0 then call_chunked('LPUSH', PEND, pend_push) end
+  local ready_len = 0
+  if #ready_push > 0 then ready_len = redis.call('RPUSH', READY, unpack(ready_push)) end
+  hset_map(GSTATE, gstate_writes)
+  if #gc_add > 0 then call_chunked('ZADD', GC, gc_add) end
+  for _, gid in ipairs(gids) do
+    local g = groups[gid]
+    g.w.done, g.w.s, g.w.f = g.done, g.s, g.f
+    if reward_view then g.w.lvn, g.w.lvx = g.lvn, g.lvx end
+    hset_map(g.key, g.w)
+  end
+  local post_out = {}
+  for pid in pairs(post_writes) do post_out[pid] = cjson.encode(posts[pid]) end
+  hset_map(POST, post_out)
+  return ready_len
+end
+
+-- The open-groups zset, and the running total of its scores that open_groups.lua reads.
+-- Returns whether room was freed under flow control, and the ready length to announce (-1 when
+-- no group is left open: a draining run then delivers what is ready, however few).
+local function write_open_groups(ready_len)
+  if #open_order == 0 then return false, ready_len end
   open_yield(OPEN, YIELD)  -- the total before this call's changes (summed once if missing)
   local old = redis.call('ZMSCORE', OPEN, unpack(open_order))
   local delta, adds, rems = 0, {}, {}
@@ -566,58 +599,81 @@ if #open_order > 0 then
   if #adds > 0 then call_chunked('ZADD', OPEN, adds) end
   if #rems > 0 then
     call_chunked('ZREM', OPEN, rems)
-    -- no group left open: a draining run delivers what is ready, however few (-1: any size)
     if redis.call('ZCARD', OPEN) == 0 then ready_len = -1 end
   end
   if delta ~= 0 then redis.call('INCRBY', YIELD, delta) end
-  room_freed = delta < 0
+  return delta < 0, ready_len
 end
 
-count_up('rollouts_completed', accepted)
-count_up('results_duplicate', dups)
-count_up('results_late', late)
-count_up('tokens_generated', tokens)
-for field, n in pairs(incr) do redis.call('HINCRBY', STATS, field, n) end
-for field, x in pairs(fincr) do redis.call('HINCRBYFLOAT', STATS, field, x) end
-for field, n in pairs(hist) do redis.call('HINCRBY', HIST, field, n) end
-for level, n in pairs(level_incr) do redis.call('HINCRBY', LEVELS, level, n) end
-redis.call('HINCRBY', WINFO, wid .. '|completed', accepted)
-redis.call('HINCRBY', WINFO, wid .. '|tokens', tokens)
-redis.call('HSET', WINFO, wid .. '|policy_version', newest)
-redis.call('ZADD', WORKERS, now, wid)
-
--- cancels: the other workers' lists grow; this worker's comes back now
-local mine = cancel_adds[wid]
-local others_list = {}
-for _, worker in ipairs(cancel_workers) do
-  if worker ~= wid then others_list[#others_list + 1] = worker end
+-- The run's counters, the abandonment histogram, the reward levels and this worker's figures.
+local function write_counters()
+  count_up('rollouts_completed', tally.accepted)
+  count_up('results_duplicate', tally.dups)
+  count_up('results_late', tally.late)
+  count_up('tokens_generated', tally.tokens)
+  for field, n in pairs(incr) do redis.call('HINCRBY', STATS, field, n) end
+  for field, x in pairs(fincr) do redis.call('HINCRBYFLOAT', STATS, field, x) end
+  for field, n in pairs(hist) do redis.call('HINCRBY', HIST, field, n) end
+  for level, n in pairs(level_incr) do redis.call('HINCRBY', LEVELS, level, n) end
+  redis.call('HINCRBY', WINFO, wid .. '|completed', tally.accepted)
+  redis.call('HINCRBY', WINFO, wid .. '|tokens', tally.tokens)
+  redis.call('HSET', WINFO, wid .. '|policy_version', tally.newest)
+  redis.call('ZADD', WORKERS, now, wid)
 end
-if #others_list > 0 then
-  local cur = hmget_map(CANCELS, others_list)
-  local out = {}
-  for _, worker in ipairs(others_list) do
-    local add = table.concat(cancel_adds[worker], ' ')
-    out[worker] = cur[worker] and (cur[worker] .. ' ' .. add) or add
+
+-- Cancels: the other workers' lists grow; this worker's comes back now (returned, as text).
+local function take_cancels()
+  local others_list = {}
+  for _, worker in ipairs(cancel_workers) do
+    if worker ~= wid then others_list[#others_list + 1] = worker end
   end
-  hset_map(CANCELS, out)
+  if #others_list > 0 then
+    local cur = hmget_map(CANCELS, others_list)
+    local out = {}
+    for _, worker in ipairs(others_list) do
+      local add = table.concat(cancel_adds[worker], ' ')
+      out[worker] = cur[worker] and (cur[worker] .. ' ' .. add) or add
+    end
+    hset_map(CANCELS, out)
+  end
+  local cancel = redis.call('HGET', CANCELS, wid) or ''
+  local mine = cancel_adds[wid]
+  if mine then
+    local add = table.concat(mine, ' ')
+    cancel = cancel ~= '' and (cancel .. ' ' .. add) or add
+  end
+  if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
+  return cancel
 end
-local cancel = redis.call('HGET', CANCELS, wid) or ''
-if mine then
-  local add = table.concat(mine, ' ')
-  cancel = cancel ~= '' and (cancel .. ' ' .. add) or add
-end
-if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
 
+-- The answer, kept for a retry of the same report id when it has one.
+local function reply(cancel)
+  local flat = {}
+  for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
+  local t = tally
+  if report_ttl > 0 then
+    redis.call('SET', REPORT, cjson.encode({t.accepted, t.dups, t.late, flat, cancel, t.released}),
+      'EX', report_ttl)
+  end
+  return {'ok', t.accepted, t.dups, t.late, flat, cancel, t.released}
+end
+
+-- --- the driver --------------------------------------------------------------------------------
+
+if report_ttl > 0 then
+  local stored = redis.call('GET', REPORT)
+  if stored then return {'replay', stored} end
+end
+read_slots()
+read_groups()
+local unknown = unknown_rollouts()
+if #unknown > 0 then return {'unknown', unknown} end
+read_decision_state()
+for i = 1, count do apply_result(i) end
+local room_freed, ready_len = write_open_groups(write_state())
+write_counters()
+local cancel = take_cancels()
 -- wake long polls (any replica): rollouts to lease or room to open groups; groups ready
 if #pend_push > 0 or room_freed then wake(WAKE, 'lease') end
-if #ready_push > 0 or ready_len == -1 then
-  wake(WAKE, 'batch', 'n', ready_len)
-end
-
-local flat = {}
-for _, gid in ipairs(order) do flat[#flat + 1] = gid; flat[#flat + 1] = decided[gid] end
-if report_ttl > 0 then
-  redis.call('SET', REPORT, cjson.encode({accepted, dups, late, flat, cancel, released}),
-    'EX', report_ttl)
-end
-return {'ok', accepted, dups, late, flat, cancel, released}
+if #ready_push > 0 or ready_len == -1 then wake(WAKE, 'batch', 'n', ready_len) end
+return reply(cancel)
