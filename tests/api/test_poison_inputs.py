@@ -1,5 +1,6 @@
 """Inputs that passed the door and broke a later reader. Each one is now refused at the
-door with a 422 naming the field, and every reader tolerates what an older release stored."""
+door with a 422 naming the field, and what was stored before the door refused it is repaired by
+the stored format's migration (store/migrate.py)."""
 
 from __future__ import annotations
 
@@ -103,13 +104,22 @@ async def test_meta_with_a_lone_surrogate_is_422(api, meta):
     assert_422(r, "body.prompts.0.meta", "surrogate")
 
 
+async def migrated(store) -> dict:
+    """The namespace as one written before stored formats were versioned, moved forward."""
+    await store.redis.delete(store.keys.format_version)
+    assert await store.ensure_format() == "migrated"
+    return await store.counters()
+
+
 async def test_stored_deep_meta_does_not_jam_reads_or_leases(api):
-    """A prompt an older release stored with 256-level meta: readers drop the meta, not the call."""
+    """A prompt stored with 256-level meta before the door refused it: the format migration
+    drops the meta, and reads and leases answer."""
     store = api.app.state.scheduler.store
     await api.add(prompt_spec("p1", "fail"))
     await store.redis.hset(store.keys.prompts, "p1",
                            json.dumps({"prompt": "q", "answer": None, "task": "exact",
                                        "meta": nested(256)}))
+    await migrated(store)
     r = await api.get("/prompts/p1")
     assert r.status_code == 200, r.text
     assert "nested more than" in json.dumps(r.json()["meta"])
@@ -122,6 +132,7 @@ async def test_stored_meta_with_a_lone_surrogate_does_not_jam_reads_or_leases(ap
     await api.add(prompt_spec("p1", "fail"))
     await store.redis.hset(store.keys.prompts, "p1",
                            '{"prompt": "q", "task": "exact", "meta": {"k": "\\ud800"}}')
+    await migrated(store)
     r = await api.get("/prompts/p1")
     assert r.status_code == 200, r.text
     assert "sara_note" in r.json()["meta"]
@@ -140,7 +151,8 @@ async def test_non_finite_logprobs_are_422_saying_what_to_send(api, bad):
 
 
 async def test_stored_null_logprobs_are_read_as_the_floor(api):
-    """Results an older release stored with -inf as null: the batch is served, not a 500."""
+    """Results stored with -inf as null before the door refused it: the format migration reads
+    them as the floor, and the batch is served."""
     await api.add(prompt_spec("p1", "mixed"))
     await work(api, logprobs=[-0.5, -1.0], token_ids=[1, 2])
     store = api.app.state.scheduler.store
@@ -151,6 +163,7 @@ async def test_stored_null_logprobs_are_read_as_the_floor(api):
                 blob = json.loads(raw)
                 blob["logprobs"] = [-0.5, None]
                 await store.redis.hset(key, field, json.dumps(blob))
+    await migrated(store)
     for _ in range(2):  # formed, then redelivered after the ack timeout
         logprobs = [x["logprobs"] for x in await batch_rollouts(api)]
         assert logprobs and all(lp == [-0.5, -1e4] for lp in logprobs)
@@ -188,14 +201,16 @@ async def test_largest_accepted_integers_read_back(api):
 
 
 async def test_float_formatted_integers_already_stored_are_read(api):
-    """What Lua wrote for a huge number under an older release ('1e+17') no longer 500s."""
+    """What Lua wrote for a number past 2**53 ('1e+17') reads back; a policy version past it,
+    stored before the door refused one, is reset by the format migration."""
     await api.add(prompt_spec("p1", "mixed"))
     await work(api)
     store = api.app.state.scheduler.store
     await store.redis.hset(store.keys.worker_info, "w1|policy_version", "1e+17")
     await store.redis.hset(store.keys.policy, "version", "1.7e+18")
     await assert_readers_answer(api, "p1")
-    assert (await api.publish(5)).status_code == 200  # a version past 2**53 is replaced
+    await migrated(store)
+    assert (await api.publish(5)).status_code == 200  # a version past 2**53 was reset
 
 
 # --- 4: ids that alias internal keys ------------------------------------------------------------
@@ -257,12 +272,13 @@ async def test_re_registering_an_id_with_other_content_says_so(api):
 
 
 @pytest.mark.parametrize("stored", ["inf", "nan", "1.7e+18"])
-async def test_a_publish_repairs_a_version_no_release_accepts_any_more(api, stored):
-    """10**400 was stored as inf: every later publish was a 409 and, found by the stateful fuzz
-    test, every /results a 500 (cjson cannot encode an infinite posterior version)."""
+async def test_the_migration_resets_a_version_no_publish_could_pass(api, stored):
+    """10**400 was once stored as inf: every later publish was a 409 and, found by the stateful
+    fuzz test, every /results a 500 (cjson cannot encode an infinite posterior version)."""
     await api.add(prompt_spec("p1", "mixed"))
     store = api.app.state.scheduler.store
     await store.redis.hset(store.keys.policy, "version", stored)
+    await migrated(store)
     assert (await api.get("/policy")).status_code == 200
     r = await api.publish(3)
     assert r.status_code == 200, r.text

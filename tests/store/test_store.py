@@ -105,30 +105,21 @@ async def test_lease_says_whether_flow_control_has_room_to_open_groups(store):
     assert await room(3) is False  # open_groups would open nothing while paused
 
 
-async def test_a_run_without_the_running_yield_total_sums_its_open_groups_once(store):
-    # a run started by a release before the total existed has only the open-groups zset
+async def test_the_migration_writes_the_yield_total_a_run_without_one_lacks(store):
+    # a namespace from before the total existed has only the open-groups zset
     assert await store.open_groups(0.0, 2, [(f"g{i}", "p", SARA8) for i in range(3)],
                                    "complete") == 3
     total = int(await store.redis.get(store.keys.open_yield))
     assert total == 3 * round(SARA8.p_eff_fail[0] * 1e9)
-    for missing_in in ("lease", "open_groups", "apply_results"):
-        await store.redis.delete(store.keys.open_yield)
-        if missing_in == "lease":  # flow control still sees the target met
-            grant = await store.lease_with_policy(0.0, "w", "L", 1, 10.0, 100, None,
-                                                  flow_target=2)
-            assert grant.room is False
-        elif missing_in == "open_groups":
-            assert await store.open_groups(0.0, 2, [("g9", "p", SARA8)], "complete") == 0
-        else:  # g0's first failure moves its score: the sum, then the change
-            ids = [r.rollout_id for r in grant.rollouts]
-            await report(store, "w", [(ids[0], 0)])
-            scores = await store.redis.zrange(store.keys.open_groups, 0, -1, withscores=True)
-            total = sum(round(score * 1e9) for _, score in scores)
-        assert int(await store.redis.get(store.keys.open_yield)) == total
+    await store.redis.delete(store.keys.open_yield)
+    assert await store.ensure_format() == "migrated"
+    assert int(await store.redis.get(store.keys.open_yield)) == total
+    grant = await store.lease_with_policy(0.0, "w", "L", 1, 10.0, 100, None, flow_target=2)
+    assert grant.room is False   # flow control sees the target met
 
 
-async def test_a_group_opened_with_one_field_per_p_eff_entry_is_still_decided(store):
-    # releases before the p_eff tables became one JSON list per side stored pf:<n> and ps:<n>
+async def test_the_migration_joins_p_eff_tables_kept_as_a_field_per_entry(store):
+    # before the p_eff tables became one JSON list per side, a group stored pf:<n> and ps:<n>
     plan = dataclasses.replace(SARA8, initial_issue=8)
     for gid in ("new", "old"):
         await store.open_groups(0.0, 100, [(gid, "p", plan)], "complete")
@@ -137,6 +128,9 @@ async def test_a_group_opened_with_one_field_per_p_eff_entry_is_still_decided(st
     await store.redis.hdel(old, "pf", "ps")
     await store.redis.hset(old, mapping={**{f"pf:{n}": repr(x) for n, x in enumerate(fail)},
                                          **{f"ps:{n}": repr(x) for n, x in enumerate(succ)}})
+    assert await store.ensure_format() == "migrated"
+    assert [json.loads(x) for x in await store.redis.hmget(old, "pf", "ps")] == [fail, succ]
+    assert not [f for f in await store.redis.hkeys(old) if b":" in f and f[:2] in (b"pf", b"ps")]
     for gid in ("new", "old"):
         applied = await report(store, "w", [(f"{gid}:{i}", 0) for i in range(4)])
         assert applied.decisions == [(gid, "abandon")]

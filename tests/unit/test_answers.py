@@ -6,7 +6,6 @@ import json
 
 import orjson
 
-from sara_client.limits import FLOOR_LOGPROB
 from sara_client.models import (
     Batch, BatchGroup, BatchRollout, BatchStats, LeaseResponse, PolicyInfo, Rollout,
     RolloutResult, SamplingParams,
@@ -16,7 +15,6 @@ from sara_service.store.store import LeasedRollout
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=128, seed=3)
 POLICY = PolicyInfo(version=4, checkpoint="ckpt/4")
-FLOOR_LOGPROB_TEXT = f"{FLOOR_LOGPROB}]".encode()  # an older release's null, repaired
 PROMPTS = [
     {"prompt": "What is 2+2? Ünïcode ✓", "task": "math", "answer": "4",
      "meta": {"p_success": 0.25, "tags": ["a", {"b": None}], "n": 2**62}},
@@ -73,25 +71,24 @@ def test_a_result_this_release_stored_is_spliced_in_as_stored():
     assert orjson.dumps([stored_result(raw)]) == b"[" + raw + b"]"
 
 
-def test_an_older_releases_null_logprob_is_repaired_not_spliced():
-    raw = b'{"rollout_id":"g1:0","reward":0.0,"completion":"","completion_tokens":2,' \
-          b'"finish_reason":"stop","policy_version":1,"logprobs":[-0.5,null]}'
+def test_a_result_holding_a_null_goes_through_the_model():
+    # "null" anywhere (here inside the completion's text) is not spliced: the model writes it
+    raw = b'{"rollout_id":"g1:0","reward":0.0,"completion":"null","completion_tokens":2,' \
+          b'"finish_reason":"stop","policy_version":1,"logprobs":[-0.5,-1.0]}'
     out = json.loads(orjson.dumps(stored_result(raw)))
-    assert out["logprobs"] == [-0.5, FLOOR_LOGPROB]
+    assert out == BatchRollout.model_validate_json(raw).model_dump(mode="json")
 
 
 def test_a_batch_answer_is_the_models_answer():
     blobs = [_blob(policy_version=3), _blob(policy_version=3, token_ids=[1], logprobs=[-0.1]),
              b'{"rollout_id":"g2:1","reward":1.0,"completion":"null","completion_tokens":1,'
-             b'"finish_reason":"stop","policy_version":2,"logprobs":[null]}']
+             b'"finish_reason":"stop","policy_version":2,"logprobs":[-0.25]}']
     groups = [("g1", "p1", PROMPTS[0], blobs[:2]), ("g2", "p2", PROMPTS[1], blobs[2:]),
               ("g3", "p3", {}, [])]
     stats = BatchStats(rollouts_spent=24, ds_rollouts_per_effective_group=12.5)
     sampling = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, seed=1)
     raw = batch_answer("b1", 3, 99.25, True, groups, stats, sampling)
-    rollouts = [[BatchRollout.model_validate(decode) for decode in
-                 (json.loads(b.replace(b"null]", FLOOR_LOGPROB_TEXT)) for b in group[3])]
-                for group in groups]
+    rollouts = [[BatchRollout.model_validate_json(b) for b in group[3]] for group in groups]
     expected = Batch(
         batch_id="b1", policy_version=3, created_at=99.25, redelivered=True, stats=stats,
         sampling=sampling, groups=[BatchGroup(group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),

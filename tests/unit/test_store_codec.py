@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT
-from sara_service.store.codec import (StoredPosterior, decode_posterior, decode_prompt, decode_result,
-                                      stored_int)
+from sara_client.limits import MAX_STORED_INT
+from sara_service.store.codec import StoredPosterior, decode_posterior, stored_int
 
 
 @pytest.mark.parametrize("raw, value", [
@@ -20,31 +19,13 @@ def test_stored_int_reads_what_lua_wrote(raw, value):
     assert stored_int(raw) == value
 
 
-def test_decode_result_reads_null_logprobs_as_the_floor():
-    raw = json.dumps({"rollout_id": "g:0", "logprobs": [-0.5, None], "reward": 1.0})
-    assert decode_result(raw)["logprobs"] == [-0.5, FLOOR_LOGPROB]
-    assert decode_result(json.dumps({"rollout_id": "g:0"})) == {"rollout_id": "g:0"}
-
-
-def test_decode_prompt_keeps_good_meta_and_replaces_bad():
-    good = {"prompt": "q", "meta": {"a": [1, {"b": 2}]}}
-    assert decode_prompt(json.dumps(good)) == good
-    deep: dict = {}
-    for _ in range(300):
-        deep = {"a": deep}
-    out = decode_prompt(json.dumps({"prompt": "q", "meta": deep}))
-    assert out["prompt"] == "q" and set(out["meta"]) == {"sara_note"}
-
-
-def test_batch_rollouts_read_straight_from_json_and_older_nulls_still_floor():
+def test_a_stored_result_is_spliced_into_a_batch_as_stored():
     import orjson
     from sara_service.core.answers import stored_result
 
     stored = {"rollout_id": "g:0", "completion": "é", "reward": 1.0, "completion_tokens": 3,
               "policy_version": 2, "logprobs": [-0.5, -1.0]}
     assert json.loads(orjson.dumps(stored_result(json.dumps(stored).encode()))) == stored
-    older = json.dumps({**stored, "logprobs": [-0.5, None]}).encode()
-    assert json.loads(orjson.dumps(stored_result(older)))["logprobs"] == [-0.5, FLOOR_LOGPROB]
 
 
 def test_a_posterior_reads_as_typed_fields_whatever_lua_wrote_for_its_counts():

@@ -8,8 +8,9 @@ was stored as (`orjson.Fragment`), not parsed and written again.
 
 The answer models in `sara_client.models` stay the schema and what clients parse into. Where the
 fast path cannot vouch for its output, the answer goes through the model instead:
-- a stored result from an older release that may need decode_result's repairs (a null logprob),
-  or that lacks its policy version, is validated as `BatchRollout` first;
+- a stored result holding a null, or without its policy version, is validated as
+  `BatchRollout` first (the door refuses a null logprob, and the format migration repaired
+  those stored before it did, so validation passes);
 - a lease whose content orjson refuses (an integer past 64 bits in a prompt's meta) is written
   by the model.
 Tests check both paths give the same answer.
@@ -20,14 +21,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import orjson
-from pydantic import ValidationError
 
 from sara_client.models import (
     BatchRollout, BatchStats, LeaseResponse, PolicyInfo, SamplingParams,
 )
 
 from ..store.store import LeasedRollout
-from ..store.codec import decode_result
 
 # a group as a batch carries it: (group id, prompt id, stored prompt content, stored results)
 BatchGroupRows = tuple[str, str, dict[str, Any], list[bytes]]
@@ -56,20 +55,13 @@ def lease_answer(lease_id: str | None, expires_at: float | None, policy: PolicyI
             policy, [_rollout(r, sampling) for r in leased])).model_dump_json().encode()
 
 
-def _stored_model(raw: bytes) -> BatchRollout:
-    try:
-        return BatchRollout.model_validate_json(raw)
-    except ValidationError:  # an older release's null logprob: decode_result repairs it
-        return BatchRollout.model_validate(decode_result(raw))
-
-
 def stored_result(raw: bytes) -> orjson.Fragment:
-    """A stored result as a batch carries it. One this release wrote (no null anywhere, its
-    policy version in it) is spliced in as stored; any other is validated as BatchRollout
-    (through decode_result's repairs when it needs them) and written from the model."""
+    """A stored result as a batch carries it. One with no null anywhere and its policy version
+    in it is spliced in as stored; any other is validated as BatchRollout and written from the
+    model."""
     if b"null" not in raw and b'"policy_version":' in raw:
         return orjson.Fragment(raw)
-    return orjson.Fragment(_stored_model(raw).model_dump_json())
+    return orjson.Fragment(BatchRollout.model_validate_json(raw).model_dump_json())
 
 
 def batch_answer(batch_id: str, policy_version: int, created_at: float, redelivered: bool,

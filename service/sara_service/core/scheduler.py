@@ -32,7 +32,7 @@ from .autoprice import AutoPricer
 from ..errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
 from ..store.codec import StoredPosterior
-from ..store.redis_format import split_ids
+from ..store.redis_format import FORMAT_VERSION, split_ids
 from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
 )
@@ -103,6 +103,7 @@ class Scheduler:
                                   p_min=s.greso_p_min, p_max=s.greso_p_max, step=s.greso_step)
         self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
                                         max_tokens=s.max_tokens)
+        self.format_checked = False  # the stored format is this release's (check_format)
 
     def _fixed_plan(self) -> GroupPlan:
         """The plan of every group under a uniform prior and a fixed tau_low."""
@@ -482,6 +483,15 @@ class Scheduler:
         already = await self.store.ack(self.clock(), batch_id, self.settings.retention_s)
         return AckResponse(batch_id=batch_id, acked=True, already_acked=already)
 
+    async def check_format(self) -> None:
+        """Make the namespace's stored format this release's, migrating one written before
+        formats were versioned (store/migrate.py); UnknownFormat for one it cannot read."""
+        outcome = await self.store.ensure_format()
+        if outcome == "migrated":
+            log.warning("namespace %r: moved to stored format %s", self.settings.namespace,
+                        FORMAT_VERSION)
+        self.format_checked = True
+
     async def maintain(self, gc_batch: int = 200, gc_rounds: int = 50) -> tuple[int, int]:
         """Periodic upkeep: re-issue expired leases, delete finished groups past retention,
         forget workers unseen for as long.
@@ -490,6 +500,8 @@ class Scheduler:
         keep up with a busy run's group turnover, and memory would grow without end.
         """
         now = self.clock()
+        if not self.format_checked:   # Redis was down when the process started
+            await self.check_format()
         await self._refresh_levels()
         expired = await self.store.expire_leases(now)
         collected = 0

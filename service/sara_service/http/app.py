@@ -211,6 +211,10 @@ def _lifespan(scheduler: Scheduler, health: RedisHealth, redis: aioredis.Redis) 
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # before serving: a format this release cannot read stops it here (UnknownFormat);
+        # with Redis down, the upkeep loop checks it once Redis answers
+        with contextlib.suppress(StoreUnavailable):
+            await scheduler.check_format()
         stop = asyncio.Event()
         task = asyncio.create_task(_maintenance_loop(scheduler, stop, health))
         restore_signals = _answer_long_polls_on_signals(scheduler)

@@ -1,8 +1,9 @@
-"""How the store reads back what it wrote, and what older releases wrote.
+"""How the store reads back what it wrote.
 
-Every reader of stored data decodes it here, so a value an older release let in (an integer Lua
-wrote as `1e+17`, a logprob stored as null, a `meta` too deep to serialise) degrades to a readable
-answer instead of a 500 on every later call.
+Every reader of stored data decodes it here. Lua writes an integer past 2**53 as a double
+(`1e+17`): `stored_int` reads it. What was stored before the door refused it (a null logprob, a
+`meta` too deep to serialise) is repaired once by the format migration (store/migrate.py), not
+by every reader.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT, meta_problem
+from sara_client.limits import MAX_STORED_INT
 
 from .redis_format import PosteriorField
 
@@ -39,15 +40,9 @@ def stored_int(value: Any, default: int = 0) -> int:
 
 
 def decode_prompt(raw: Any) -> dict[str, Any]:
-    """Stored prompt content; a `meta` an older release let in that cannot be serialised (too
-    deep, a lone surrogate, NaN) is replaced by a note, so the prompt can still be read and
-    leased."""
-    content = json.loads(raw)
-    problem = meta_problem(content.get("meta"))
-    if problem:
-        content["meta"] = {"sara_note": f"meta dropped: it {problem}; register the prompt "
-                                        "again under a new id"}
-    return content
+    """Stored prompt content (its meta was checked at the door, and by the format migration for
+    what was stored before the door checked it)."""
+    return json.loads(raw)
 
 
 # `decode_prompt`, cached. A prompt is read once per rollout of its group when leased, and again
@@ -58,12 +53,8 @@ shared_prompt = functools.lru_cache(maxsize=4096)(decode_prompt)
 
 
 def decode_result(raw: Any) -> dict[str, Any]:
-    """A stored rollout result; a logprob an older release stored as null (it was -inf or NaN)
-    reads as FLOOR_LOGPROB."""
-    result = json.loads(raw)
-    if result.get("logprobs"):
-        result["logprobs"] = [FLOOR_LOGPROB if x is None else x for x in result["logprobs"]]
-    return result
+    """A stored rollout result (RolloutResult's JSON)."""
+    return json.loads(raw)
 
 
 @dataclass(frozen=True, slots=True)

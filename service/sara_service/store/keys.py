@@ -103,6 +103,12 @@ class Keys:
     def open_groups(self) -> str:
         return self._k("groups:open")
 
+    # format version: string, the stored format the namespace is written in
+    # (redis_format.FORMAT_VERSION; store/migrate.py moves an older one forward)
+    @property
+    def format_version(self) -> str:
+        return self._k("format")
+
     # open yield: string, the open-groups zset's scores summed in units of 1e-9 groups (each
     # score rounded alone), kept by the scripts that change the zset so flow control reads one
     # number instead of scanning every open group

@@ -30,7 +30,7 @@ class WorkerRow:
 class StatsSnapshot:
     """What /stats shows, read in one round trip."""
 
-    counters: dict[str, str]  # the stats hash, older releases' names renamed
+    counters: dict[str, str]  # the stats hash
     abandon_hist: dict[str, int]  # rollouts done at abandonment -> groups
     leased: int
     open_group_scores: list[float]  # expected yield of each open group
@@ -44,13 +44,6 @@ class StatsSnapshot:
 
 def _texts(raw: dict) -> dict[str, str]:
     return {text(a): text(b) for a, b in raw.items()}
-
-
-def _renamed(fields: dict[str, str]) -> dict[str, str]:
-    for old, new in rf.RENAMED_COUNTERS.items():
-        if old in fields and new not in fields:
-            fields[new] = fields.pop(old)
-    return fields
 
 
 class StoreReads:
@@ -128,8 +121,8 @@ class StoreReads:
 
     @unavailable_on_redis_error
     async def counters(self) -> dict[str, str]:
-        """The whole stats hash as text, counters an older release named otherwise renamed."""
-        return _renamed(_texts(await self.redis.hgetall(self.keys.stats)))
+        """The whole stats hash as text."""
+        return _texts(await self.redis.hgetall(self.keys.stats))
 
     @unavailable_on_redis_error
     async def stats_snapshot(self) -> StatsSnapshot:
@@ -151,7 +144,7 @@ class StoreReads:
          recent, levels, non_binary) = await pipe.execute()
         per_worker = rf.split_worker_info(_texts(info))
         return StatsSnapshot(
-            counters=_renamed(_texts(stats)),
+            counters=_texts(stats),
             abandon_hist={a: int(b) for a, b in _texts(hist).items()},
             leased=leased, open_group_scores=[score for _, score in open_scores],
             ready_groups=ready, unacked_batches=unacked,

@@ -22,8 +22,7 @@ Group hash fields (`group:<id>`):
     s, f                 successes, failures among the done slots
     thr_f, thr_s         abandon after this many failures (successes) with no success (failure)
     pf, ps               JSON lists: entry n is p_eff (chance the group ends mixed) after n
-                         failures (successes) only: the plan's tables (pf:<n>, ps:<n>, one field
-                         per entry, in groups opened by releases before 2026-12)
+                         failures (successes) only: the plan's tables
     p_eff                the current p_eff (1 once committed)
     min_v                oldest policy version among the stored results
     deliver_sat          1: a saturated (all-equal) group is delivered, not dropped (uniform)
@@ -177,8 +176,9 @@ def initial_posterior(alpha0: float, beta0: float, version: int) -> dict[str, An
 
 PROMPT_FIELDS = ("prompt", "answer", "task", "meta")  # a stored prompt's JSON
 WORKER_INFO_FIELDS = ("completed", "tokens", "policy_version", "leases", "first_seen", "backend")
-# counters renamed for what they hold; a namespace written by an older release keeps its figures
-RENAMED_COUNTERS = {"rollouts_saved_vs_ds": "rollouts_not_spent_on_abandoned_groups"}
+# The stored format this release reads and writes (the namespace's `format_version` key); a
+# namespace without one is moved forward by store/migrate.py before it is served.
+FORMAT_VERSION = 1
 
 
 def worker_info_field(worker_id: str, name: str) -> str:
@@ -295,6 +295,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           more_keys="group", more_args=("result_json",),
           replies=("replay", "unknown", "ok", *DECISIONS)),
     _spec("group_results", "", "k", more_keys="group"),
+    _spec("migrate_format", "stats policy open_groups open_yield", "renamed max_int"),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
           "group_states gc run_state open_groups wake",
           "now size ack_deadline max_staleness rollout_cap batch_id retention_s",

@@ -34,6 +34,7 @@ from .keys import Keys, rollout_id, split_rollout_id
 from .redis_format import SCRIPTS, GroupField, Reply
 from .codec import shared_prompt, stored_int, text
 from .errors import unavailable_on_redis_error
+from .migrate import ensure_format
 from .reads import StoreReads
 from .runctl import RunControl
 
@@ -127,6 +128,18 @@ class Store(RunControl, StoreReads):
         spec = SCRIPTS[name]
         return await self._scripts[name](keys=spec.key_list(self.keys, more_keys, **(per_id or {})),
                                          args=spec.arg_list(more_args, **args))
+
+    async def ensure_format(self) -> str:
+        """Make the stored format this release's (store/migrate.py): 'current', 'fresh' or
+        'migrated'; UnknownFormat for one it does not read."""
+        return await ensure_format(self)
+
+    @unavailable_on_redis_error
+    async def migrate_run_wide(self, renamed_json: str, max_int: int) -> list[int]:
+        """migrate_format.lua, the migration's run-wide steps: [counters renamed, policy
+        version reset, open yield written]."""
+        out = await self._script("migrate_format", dict(renamed=renamed_json, max_int=max_int))
+        return [int(x) for x in out]
 
     @unavailable_on_redis_error
     async def ping(self) -> bool:

@@ -12,21 +12,14 @@ end
 -- of the open groups' scores is exact whatever the order of its updates.
 local YIELD_UNIT = 1e9
 local function yield_units(p) return math.floor(tonumber(p) * YIELD_UNIT + 0.5) end
--- The open groups' expected yield: the running total (open_yield string); a run started before
--- the total existed sums its open-groups zset once, here.
-local function open_yield(open_key, yield_key)
-  local total = redis.call('GET', yield_key)
-  if total then return tonumber(total) end
-  local scores = redis.call('ZRANGE', open_key, 0, -1, 'WITHSCORES')
-  total = 0
-  for i = 2, #scores, 2 do total = total + yield_units(scores[i]) end
-  redis.call('SET', yield_key, total)
-  return total
+-- The open groups' expected yield: the running total (open_yield string; absent: none open yet).
+local function open_yield(yield_key)
+  return tonumber(redis.call('GET', yield_key) or '0')
 end
 -- What flow control holds under prefetch_batches x batch_size: ready groups plus the open ones'
 -- expected yield, in yield units.
-local function flow_expected(ready_key, open_key, yield_key)
-  return redis.call('LLEN', ready_key) * YIELD_UNIT + open_yield(open_key, yield_key)
+local function flow_expected(ready_key, yield_key)
+  return redis.call('LLEN', ready_key) * YIELD_UNIT + open_yield(yield_key)
 end
 -- A note on the wake stream, which the long polls of every replica wait on: `kind` says what
 -- woke ('lease' or 'batch'), then any field/value pairs. The stream keeps about its last 64.

@@ -369,14 +369,10 @@ local function begin_audit(g)
 end
 
 -- p_eff after n failures (successes) only, from the plan's tables: each a JSON list in one
--- field, decoded when a decision first needs it. A group opened by a release that kept one
--- field per entry (pf:n, ps:n) has no list: its entry is read alone.
+-- field, decoded when a decision first needs it.
 local function p_eff_at(g, failing, n)
   local side = failing and 'pf' or 'ps'
   local tab = g.ptab[side]
-  if not tab then
-    return tonumber(redis.call('HGET', g.key, side .. ':' .. n))
-  end
   if type(tab) == 'string' then
     tab = cjson.decode(tab)
     g.ptab[side] = tab
@@ -583,7 +579,6 @@ end
 -- no group is left open: a draining run then delivers what is ready, however few).
 local function write_open_groups(ready_len)
   if #open_order == 0 then return false, ready_len end
-  open_yield(OPEN, YIELD)  -- the total before this call's changes (summed once if missing)
   local old = redis.call('ZMSCORE', OPEN, unpack(open_order))
   local delta, adds, rems = 0, {}, {}
   for i, gid in ipairs(open_order) do

@@ -74,7 +74,7 @@ take()
 local dry = 0
 local function open_for_rest()
   local target = flow_target * YIELD_UNIT
-  local expected = flow_expected(READY, OPEN_GROUPS, OPEN_YIELD)
+  local expected = flow_expected(READY, OPEN_YIELD)
   if redis.call('EXISTS', RUN_STATE) == 1 or expected >= target then return end
   local plan, gids = cjson.decode(plan_json), {}
   for gid in string.gmatch(group_ids, '%S+') do gids[#gids + 1] = gid end
@@ -162,7 +162,7 @@ if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
 local policy = redis.call('HMGET', POLICY, 'version', 'checkpoint')
 local room = 0
 if flow_target > 0 and redis.call('EXISTS', RUN_STATE) == 0
-    and flow_expected(READY, OPEN_GROUPS, OPEN_YIELD) < flow_target * YIELD_UNIT then
+    and flow_expected(READY, OPEN_YIELD) < flow_target * YIELD_UNIT then
   room = 1
 end
 return {out, prompts, cancel, policy[1] or '0', policy[2] or '', room, dry}

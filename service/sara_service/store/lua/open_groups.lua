@@ -28,7 +28,7 @@ local audit_fraction, seed = tonumber(ARGV[5]), ARGV[6]
 if redis.call('EXISTS', RUN_STATE) == 1 then return 0 end
 local target = flow_target * YIELD_UNIT
 local specs = cjson.decode(specs_json)
-local expected = flow_expected(READY, OPEN_GROUPS, OPEN_YIELD)
+local expected = flow_expected(READY, OPEN_YIELD)
 if skipped > 0 then redis.call('HINCRBY', STATS, 'groups_skipped', ARGV[4]) end
 local K = {stats = STATS, open = OPEN_GROUPS, pending = PENDING, slots = SLOTS,
   states = GROUP_STATES, prompt = GROUP_PROMPT, posteriors = POSTERIORS, off = PROMPTS_OFF,
