@@ -22,6 +22,9 @@ Past 400 lines because one state (the held rollouts) ties leasing, generation, c
 policy loads together; the lease bookkeeping and the reporter live apart (leases.py,
 reporter.py). Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_until` and ``max_rollouts`` bound a
 run, and :meth:`WorkerLoop.wait_for` lets a test wait on the loop's state without sleeping.
+
+It is past 400 lines because the five duties above share one set of in-flight rollouts and must
+be read together to see that each rollout is reported, aborted or released exactly once.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Redis store: one Lua script per state transition, plus the reads the API needs.
 
 The store is the only reader and writer of Redis: the transitions are here, the run control in
-`store_runctl`, the plain reads in `store_reads`; what each stored value means, and each script's
-KEYS/ARGV order, is in `redis_format`, and every script call is built from that table by name.
+`runctl.py`, the plain reads in `reads.py`, the stored format's version and migration in
+`migrate.py`; what each stored value means, and each script's KEYS/ARGV order, is in
+`redis_format`, and every script call is built from that table by name.
 
 Every method takes `now` from the caller (the scheduler's injected clock), so scripts never read
 Redis' own TIME and tests can move time by hand. Domain errors are raised here; Redis being
