@@ -24,7 +24,7 @@ reporter.py). Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_unt
 run, and :meth:`WorkerLoop.wait_for` lets a test wait on the loop's state without sleeping.
 
 It is past 400 lines because the five duties above share one set of in-flight rollouts and must
-be read together to see that each rollout is reported, aborted or released exactly once.
+be read together to see that each leased rollout ends once: reported, or aborted.
 """
 
 from __future__ import annotations
