@@ -23,7 +23,7 @@ policy loads together; the lease bookkeeping and the reporter live apart (leases
 reporter.py). Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_until` and ``max_rollouts`` bound a
 run, and :meth:`WorkerLoop.wait_for` lets a test wait on the loop's state without sleeping.
 
-It is past 400 lines because the five duties above share one set of in-flight rollouts and must
+It is past 400 lines because the duties above share one set of in-flight rollouts and must
 be read together to see that each leased rollout ends once: reported, or aborted.
 """
 
