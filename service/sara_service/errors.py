@@ -19,6 +19,20 @@ class SaraServiceError(Exception):
         self.detail = detail
 
 
+class Unauthorized(SaraServiceError):
+    """No bearer token, or one no role has."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(SaraServiceError):
+    """A token whose role may not do what was asked."""
+
+    status_code = 403
+    code = "forbidden"
+
+
 class NotFound(SaraServiceError):
     status_code = 404
     code = "not_found"

@@ -11,21 +11,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sara_client.models import ErrorEnvelope
 
 from .credentials import worker_of
-from ..errors import SaraServiceError
+from ..errors import Forbidden, Unauthorized
 from ..core.scheduler import Scheduler
 from ..settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="Role token: worker, trainer, operator or admin.")
-
-
-class Unauthorized(SaraServiceError):
-    status_code = 401
-    code = "unauthorized"
-
-
-class Forbidden(SaraServiceError):
-    status_code = 403
-    code = "forbidden"
 
 
 async def get_scheduler(request: Request) -> Scheduler:
