@@ -103,6 +103,27 @@ async def test_a_replica_waits_for_the_one_that_holds_the_migration_lock(store):
         await ensure_format(store, wait_s=1.0, sleep=nothing)
 
 
+async def test_a_replica_that_locks_after_another_finished_does_not_migrate_again(store):
+    await store.redis.delete(store.keys.format_version)
+    real_set = store.redis.set
+
+    async def set_after_the_other_replica(key, value, **kw):
+        if key.endswith(":migrating"):   # the other replica wrote the version and unlocked
+            await real_set(store.keys.format_version, FORMAT_VERSION)
+        return await real_set(key, value, **kw)
+
+    class Proxy:   # the store as ensure_format sees it, its Redis client's SET observed
+        keys = store.keys
+        redis = type("R", (), {"__getattr__": lambda self, name: getattr(store.redis, name),
+                               "set": staticmethod(set_after_the_other_replica)})()
+
+        async def migrate_run_wide(self, *args):
+            raise AssertionError("migrated a namespace already in the current format")
+
+    assert await ensure_format(Proxy()) == "current"
+    assert not await store.redis.exists(store.keys.format_version + ":migrating")
+
+
 async def test_the_scheduler_refuses_to_start_on_a_format_it_does_not_read(redis_url):
     client = connect(redis_url)
     try:

@@ -68,6 +68,9 @@ async def ensure_format(store: Any, wait_s: float = LOCK_TTL_S,
         await sleep(0.5)
         waited += 0.5
     try:
+        stored = await redis.get(keys.format_version)   # a replica finished before we locked
+        if stored is not None:
+            return _check(text(stored))
         await migrate(store)
         await redis.set(keys.format_version, FORMAT_VERSION)
     finally:
