@@ -89,7 +89,7 @@ def with_generated_flags(flags: list[FieldFlag]) -> Callable[[Callable], Callabl
         added = [f for f in flags if f.name not in taken]
         params += [inspect.Parameter(
             f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-            annotation=Annotated[Optional[f.kind], typer.Option(   # noqa: UP045 (typer reads it)
+            annotation=Annotated[Optional[f.kind], typer.Option(
                 help=f.help or None, rich_help_panel=PANEL, show_default=False)])
             for f in added]
         names = {f.name for f in added}
@@ -100,17 +100,11 @@ def with_generated_flags(flags: list[FieldFlag]) -> Callable[[Callable], Callabl
             return command(**{k: v for k, v in given.items() if k not in names},
                            generated=generated)
 
-        run.__signature__ = own.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
+        # the command's own parameters, then the generated ones (keyword-only, so order holds)
+        run.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params}
         del run.__wrapped__   # typer must read the new signature, not the command's
         return run
 
     return decorate
 
-
-def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
-    """Parameters in a valid order: the command's own, then the generated keyword-only ones."""
-    kinds = inspect.Parameter
-    positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY,
-                                                 kinds.POSITIONAL_OR_KEYWORD)]
-    return positional + [p for p in params if p not in positional]
