@@ -16,6 +16,7 @@ from sara_cli import bench as bench_cmd
 from sara_cli import common
 from sara_cli import main as cli
 from sara_cli import stats as stats_cmd
+from sara_service.settings import Settings
 from sara_worker.sim.pool import standard_pool
 
 runner = CliRunner()
@@ -333,17 +334,16 @@ def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
     assert (seen["config"].compare, seen["config"].rollout_budget) == (False, 1234)
 
 
-def _serve_settings(monkeypatch, args: list[str]):
+def serve_settings(monkeypatch, args: list[str]):
     """The Settings `sara serve ARGS` builds, caught before Redis or uvicorn start."""
     import typer
 
     import sara_service.settings as settings_module
 
     seen = {}
-    real = settings_module.Settings
 
-    def capture(**overrides):
-        seen["settings"] = real(**overrides)
+    def capture(**overrides):   # the real class, also when a test calls this twice
+        seen["settings"] = Settings(**overrides)
         raise typer.Exit(0)
 
     monkeypatch.setattr(settings_module, "Settings", capture)
@@ -354,7 +354,7 @@ def _serve_settings(monkeypatch, args: list[str]):
 
 @pytest.mark.parametrize("flag,expected", [("auto", "auto"), ("0.3", 0.3)])
 def test_serve_takes_tau_low_auto_or_a_number(monkeypatch, flag, expected):
-    assert _serve_settings(monkeypatch, ["--tau-low", flag]).tau_low == expected
+    assert serve_settings(monkeypatch, ["--tau-low", flag]).tau_low == expected
 
 
 def test_serve_rejects_a_tau_low_that_is_neither_a_number_nor_auto():
@@ -365,7 +365,7 @@ def test_serve_rejects_a_tau_low_that_is_neither_a_number_nor_auto():
 
 @pytest.mark.parametrize("flag", ["outcome", "reward"])
 def test_serve_takes_the_effective_view(monkeypatch, flag):
-    assert _serve_settings(monkeypatch, ["--effective", flag]).effective == flag
+    assert serve_settings(monkeypatch, ["--effective", flag]).effective == flag
 
 
 def test_serve_refuses_what_the_reward_view_cannot_run():

@@ -13,6 +13,9 @@ from sara_cli import main as cli
 from sara_service.settings import Settings
 from sara_trainer.config import TrainerConfig
 
+from .test_cli import serve_settings
+from .test_cli_gpu import trained_config
+
 runner = CliRunner()
 SECRETS = {"worker_token", "trainer_token", "operator_token", "admin_token", "worker_secret"}
 
@@ -41,30 +44,15 @@ def test_every_trainer_field_is_a_flag_of_sara_train_under_its_contract_name():
     assert "--max-steps" not in options and "--set" in options
 
 
-def _serve_settings(monkeypatch, args: list[str]) -> Settings:
-    import sara_service.settings as settings_module
-
-    seen = {}
-
-    def capture(**overrides):
-        seen["settings"] = Settings(**overrides)
-        raise typer.Exit(0)
-
-    monkeypatch.setattr(settings_module, "Settings", capture)
-    result = runner.invoke(cli.app, ["serve", *args])
-    assert result.exit_code == 0, result.output
-    return seen["settings"]
-
-
 def test_a_generated_serve_flag_reaches_the_settings_and_beats_the_environment(monkeypatch):
     monkeypatch.setenv("SARA_MAX_STALENESS", "5")
-    settings = _serve_settings(monkeypatch, ["--max-staleness", "3", "--prior", "history",
+    settings = serve_settings(monkeypatch, ["--max-staleness", "3", "--prior", "history",
                                              "--no-dps-censored", "--posterior-half-life", "inf"])
     assert (settings.max_staleness, settings.prior, settings.dps_censored) == (3, "history", False)
     assert settings.posterior_half_life == float("inf")
     # unset flags leave the environment's value in force
     monkeypatch.setenv("SARA_TEMPERATURE", "0.7")
-    assert _serve_settings(monkeypatch, []).temperature == 0.7
+    assert serve_settings(monkeypatch, []).temperature == 0.7
 
 
 @pytest.mark.parametrize("args, named", [(["--prior", "sometimes"], "prior"),
@@ -76,19 +64,9 @@ def test_a_bad_generated_serve_flag_exits_2_naming_the_setting(args, named):
 
 
 def test_a_generated_train_flag_reaches_the_config(monkeypatch):
-    import sara_trainer.loop as loop
-
-    seen = {}
-
-    def fake_train(config, url, token, on_step=None):
-        seen["config"] = config
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(loop, "train", fake_train)
-    runner.invoke(cli.app, ["train", "--model", "m", "--critic-lr", "0.001", "--no-std-unbiased",
-                            "--loss-aggregation", "seq-mean-token-mean", "--steps", "7",
-                            "--set", "extra={\"note\": 1}"])
-    config = seen["config"]
+    config = trained_config(monkeypatch, [
+        "--model", "m", "--critic-lr", "0.001", "--no-std-unbiased",
+        "--loss-aggregation", "seq-mean-token-mean", "--steps", "7", "--set", "extra={\"note\": 1}"])
     assert (config.critic_lr, config.std_unbiased, config.max_steps) == (1e-3, False, 7)
     assert config.loss_aggregation == "seq-mean-token-mean" and config.extra == {"note": 1}
     assert config.gae_lambda == TrainerConfig().gae_lambda   # not given: the default

@@ -37,7 +37,8 @@ def test_gpu_memory_utilization_flag_and_env(monkeypatch):
     assert "gpu_memory_utilization" not in seen["options"]   # only vllm takes it
 
 
-def test_train_gpu_flags_reach_the_config(monkeypatch):
+def trained_config(monkeypatch, args: list[str]):
+    """The TrainerConfig `sara train ARGS` builds, caught before training starts."""
     import sara_trainer.loop as loop
 
     seen = {}
@@ -47,9 +48,13 @@ def test_train_gpu_flags_reach_the_config(monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "train", fake_train)
-    runner.invoke(cli.app, ["train", "--model", "m", "--micro-batch-tokens", "4096",
-                            "--gradient-checkpointing", "--dtype", "bfloat16"])
-    config = seen["config"]
+    runner.invoke(cli.app, ["train", *args])
+    return seen["config"]
+
+
+def test_train_gpu_flags_reach_the_config(monkeypatch):
+    config = trained_config(monkeypatch, ["--model", "m", "--micro-batch-tokens", "4096",
+                                          "--gradient-checkpointing", "--dtype", "bfloat16"])
     assert (config.device, config.dtype) == ("auto", "bfloat16")
     assert config.micro_batch_tokens == 4096 and config.gradient_checkpointing
     assert (config.checkpoint_every, config.publish_every) == (10, 1)
