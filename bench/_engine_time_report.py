@@ -47,7 +47,26 @@ def round_figures(r) -> dict[str, float | None]:
                                             if g.finish_reason == "abort")),
         "aborted_rollouts": float(sum(g.finish_reason == "abort" for g in window)),
     })
+    out.update(age_figures(r))
     return out
+
+
+def age_figures(r) -> dict[str, float | None]:
+    """How many batches reached the trainer while each delivered group was in the making, from
+    its first rollout's start to its own batch. This bench's trainer takes each batch at once;
+    one that published a policy version per batch would see that many versions of staleness,
+    and `max_staleness` 1 (the default) would drop the groups over 1 (`stale_share_at_1`), 2
+    those over 2."""
+    started: dict[str, float] = {}
+    for g in r.records:
+        started[g.group_id] = min(started.get(g.group_id, g.started), g.started)
+    ages = [sum(arrived > started[gid] for arrived, _ in r.batches[:b])
+            for b, (_, gids) in enumerate(r.batches) for gid in gids if gid in started]
+    if not ages:
+        return {"batches_in_flight": None, "stale_share_at_1": None, "stale_share_at_2": None}
+    return {"batches_in_flight": sum(ages) / len(ages),
+            "stale_share_at_1": sum(a > 1 for a in ages) / len(ages),
+            "stale_share_at_2": sum(a > 2 for a in ages) / len(ages)}
 
 
 def cache_figures(records) -> dict[str, float | None]:
@@ -143,8 +162,8 @@ def setup(args, model: str | None) -> dict[str, Any]:
             args.effective_groups, "max_num_seqs": args.concurrency,
             "worker_capacity": args.capacity, "max_tokens": args.max_tokens,
             "batch_size": args.batch_size, "prefetch_batches": args.prefetch_batches,
-            "pool": str(args.prompts or
-                                                      f"standard, {args.pool_size} prompts"),
+            "work_floor": args.work_floor,
+            "pool": str(args.prompts or f"standard, {args.pool_size} prompts"),
             "model": model or "tiny GPT-2 (sara_trainer.tiny)", "dtype": args.dtype,
             "max_model_len": args.max_model_len, "raw_rollouts_per_round": args.raw_rollouts}
 
@@ -184,12 +203,14 @@ def table(result: dict[str, Any]) -> str:
              f"{s['pool']}; k={s['k']}; {s['rounds']} rounds of {s['effective_groups_per_round']}"
              f" effective groups per policy; max_num_seqs {s['max_num_seqs']}, worker capacity "
              f"{s['worker_capacity']}, max_tokens {s['max_tokens']}, batches of "
-             f"{s['batch_size']} groups",
+             f"{s['batch_size']} groups; prefetch_batches {s['prefetch_batches'] or 'default'}, "
+             f"work_floor {s.get('work_floor') or 'default'}",
              "", "  mean ± 95% t-interval over rounds; ratios per round against the same round's "
              "DS", ""]
     head = (f"  {'policy':10} {'eff/engine-s':>13} {'eff/1k tok':>11} {'rollouts/eff':>13} "
             f"{'exact':>6} {'occupancy':>10} {'commit-wave cache':>17} {'abort tok/round':>15}"
-            f" {'CPU ms/rollout':>14} {'engine gain':>12} {'alloc gain':>11} {'kept':>10}")
+            f" {'CPU ms/rollout':>14} {'engine gain':>12} {'alloc gain':>11} {'kept':>10}"
+            f" {'age':>9} {'stale@1':>8} {'stale@2':>8}")
     lines += [head, "  " + "-" * (len(head) - 2)]
     for policy, e in result["policies"].items():
         exact = e.get("exact_rollouts_per_effective_group")
@@ -201,7 +222,9 @@ def table(result: dict[str, Any]) -> str:
             f"{_pm(e, 'engine_occupancy', '.0%'):>10} {_pm(e, 'prefix_cache_hit_rate', '.0%'):>17} "
             f"{_pm(e, 'wasted_tokens_at_abort', '.0f'):>15} "
             f"{_pm(e, 'cpu_ms_per_rollout', '.2f'):>14} {_pm(e, 'engine_gain_vs_ds', '.3f'):>12} "
-            f"{_pm(e, 'allocation_gain_vs_ds', '.3f'):>11} {_pm(e, 'saving_kept', '.2f'):>10}")
+            f"{_pm(e, 'allocation_gain_vs_ds', '.3f'):>11} {_pm(e, 'saving_kept', '.2f'):>10} "
+            f"{_pm(e, 'batches_in_flight', '.2f'):>9} {_pm(e, 'stale_share_at_1', '.0%'):>8} "
+            f"{_pm(e, 'stale_share_at_2', '.0%'):>8}")
     raw = result.get("raw_engine") or {}
     lines += ["", f"  raw engine: {_pm(raw, 'rollouts_per_s', '.1f')} rollouts/s, occupancy "
               f"{_pm(raw, 'engine_occupancy', '.0%')}, this process "

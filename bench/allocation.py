@@ -95,7 +95,8 @@ from _pools import (  # noqa: E402  (bench/ is not a package)
     DEFAULT_DRIFT, EPOCHS_PER_RUN, POOLS, Lengths, Pool, expectation, load_pool_file, make_pool,
     p_eff_pure, thresholds,
 )
-from sara_client.models import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE, Rollout, SamplingParams  # noqa: E402
+from sara_client.limits import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE  # noqa: E402
+from sara_client.models import Rollout, SamplingParams  # noqa: E402
 from sara_service.math.allocation import plan_group  # noqa: E402  (flow-control weights only)
 from sara_service.core.scheduler import shuffled  # noqa: E402  (the epoch order, to mirror it)
 from sara_service.math.selection import (  # noqa: E402
@@ -232,7 +233,10 @@ class Config:
                     tau_low=method.tau, auto_price=method.auto_price, tau_skip=self.tau_skip,
                     group_size=self.k,
                     batch_size=self.batch_size, prefetch_batches=self.prefetch_batches,
-                    max_staleness=self.max_staleness, posterior_decay=decay,
+                    # the fleet's capacity is unlimited, so every lease is short and a work
+                    # floor would always apply: flow control here is the target alone, whatever
+                    # the service's default (the floor fills a real engine: engine_time.py)
+                    work_floor=1.0, max_staleness=self.max_staleness, posterior_decay=decay,
                     posterior_half_life=half_life, dps_censored=method.dps_censored,
                     audit_fraction=self.audit_fraction,
                     dps_decay=self.dps_decay, selection_pool=self.selection_pool,

@@ -23,11 +23,17 @@ are measured in their steady state. Per policy, over rounds:
   group finished: the prompt's KV blocks could be cached) and of all rollouts;
 - tokens decoded for rollouts the scheduler then cancelled (aborted mid-decode);
 - the CPU the service path takes per rollout: worker process + `sara serve` + its Redis,
-  minus this process's CPU per rollout when it drives the engine itself.
+  minus this process's CPU per rollout when it drives the engine itself;
+- each delivered group's age in batches: how many batches reached the trainer between its
+  first rollout's start and its own batch. The trainer here takes every batch at once and
+  publishes nothing (max_staleness is set out of reach); one that published a version per
+  batch would see that many versions of staleness, and the share over 1 is what the default
+  max_staleness 1 would drop.
 
 Usage: python bench/engine_time.py [--prompts FILE.jsonl] [--k 8]
            [--policies uniform,ds,sara,sara_auto,sara_dps(,sara_auto_tokens)] [--rounds 3]
-           [--effective-groups 96] [--json OUT] [--out TEXT | --no-write] [--quick]
+           [--effective-groups 96] [--prefetch-batches N] [--work-floor F]
+           [--json OUT] [--out TEXT | --no-write] [--quick]
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import shlex
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="groups per trainer batch")
     p.add_argument("--prefetch-batches", type=int, default=None,
                    help="the scheduler's SARA_PREFETCH_BATCHES (default: the service's)")
+    p.add_argument("--work-floor", type=float, default=None,
+                   help="the scheduler's SARA_WORK_FLOOR (default: the service's; 1: off)")
     p.add_argument("--model", help="model directory (default: build the tiny test policy)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=256)
@@ -224,6 +232,7 @@ class PolicyRound:
     batch_rollouts: int = 0    # the scheduler's own count, from the batches' stats
     cancelled: int = 0
     t0: float = 0.0            # perf_counter at the start (GenRecord times are on that clock)
+    batches: list[tuple[float, list[str]]] = field(default_factory=list)  # (arrival, group ids)
 
     def in_window(self) -> list[GenRecord]:
         """Generations that finished before the round's last effective group arrived."""
@@ -277,7 +286,8 @@ async def policy_round(backend, scheduler: ServeProcess, policy: str, args, tag:
     from sara_worker.support import WorkerConfig
 
     trainer, worker = scheduler.client(), scheduler.client()
-    state = {"effective": 0, "delivered": 0, "rollouts": 0, "cancelled": 0, "end": None}
+    state = {"effective": 0, "delivered": 0, "rollouts": 0, "cancelled": 0, "end": None,
+             "batches": []}
     try:
         await drain_ready(trainer)
         backend.records = []
@@ -299,7 +309,7 @@ async def policy_round(backend, scheduler: ServeProcess, policy: str, args, tag:
     return PolicyRound(policy, state["effective"], seconds, total, backend.records, cores,
                        sampler.occupancy(seconds), sampler.series(until_s=seconds),
                        delivered=state["delivered"], batch_rollouts=state["rollouts"],
-                       cancelled=state["cancelled"], t0=t0)
+                       cancelled=state["cancelled"], t0=t0, batches=state["batches"])
 
 
 async def consume(trainer, state: dict, target: int, t0: float) -> None:
@@ -314,6 +324,8 @@ async def consume(trainer, state: dict, target: int, t0: float) -> None:
             state["effective"] += len({r.reward for r in group.rollouts}) > 1
         state["rollouts"] += batch.stats.rollouts_spent
         state["cancelled"] += batch.stats.rollouts_cancelled
+        if state["end"] is None:  # (arrival, its groups), for the groups' ages in batches
+            state["batches"].append((time.perf_counter(), [g.group_id for g in batch.groups]))
         await trainer.ack(batch.batch_id)
         if state["effective"] >= target:
             state["end"] = time.perf_counter() - t0
@@ -327,6 +339,8 @@ def start_schedulers(args, work: Path) -> dict[str, ServeProcess]:
            "SARA_MAX_STALENESS": "100"}
     if args.prefetch_batches is not None:
         env["SARA_PREFETCH_BATCHES"] = str(args.prefetch_batches)
+    if args.work_floor is not None:
+        env["SARA_WORK_FLOOR"] = str(args.work_floor)
     out = {}
     try:
         for policy in args.policies:

@@ -110,6 +110,13 @@ class Settings(BaseSettings):
 
     batch_size: int = Field(32, ge=1, le=4096, description="Groups per batch.")
     prefetch_batches: int = Field(2, ge=1, le=64, description="Flow-control depth, in batches.")
+    work_floor: float = Field(
+        1.0, ge=1.0, le=16.0,
+        description="While fewer than batch_size groups are ready, a lease that finds too little "
+                    "work may open groups until work_floor x the flow target is expected, so the "
+                    "engine does not idle while SARA's groups hold only their probes (1: off). "
+                    "It fills the engine but ages groups: only for a trainer that accepts groups "
+                    "several versions old (docs/benchmarks.md, engine time).")
     max_staleness: int = Field(1, ge=0,
                                description="Policy versions a delivered group may lag.")
     max_rollouts_per_batch: int | None = Field(

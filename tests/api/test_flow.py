@@ -57,6 +57,34 @@ async def test_groups_stop_opening_at_the_target_and_resume_after_a_batch(make_a
     assert q["ready_groups"] + q["expected_yield_open"] == pytest.approx(1 + 2 * P0)
 
 
+async def test_the_work_floor_fills_short_leases_until_a_batch_is_ready(make_api):
+    """With SARA_WORK_FLOOR=2, short leases open groups up to twice the flow target while no
+    batch is ready; once one is, only the target counts, as without a floor."""
+    api = await make_api(batch_size=2, prefetch_batches=1, work_floor=2.0)  # target 2, floor 4
+    await api.add(*(prompt_spec(f"m{i}", "mixed") for i in range(12)))
+    held = []
+    for expected_open in range(1, 7):  # 7/9 each: the sixth takes the open yield past 4
+        lease = await api.lease("w1", 4)
+        assert len(lease["rollouts"]) == 4
+        held += lease["rollouts"]
+        q, c = await queues(api)
+        assert c["groups_opened"] == expected_open
+    assert (await api.lease("w1", 4))["rollouts"] == []  # 42/9 >= 4
+    await api.report("w1", [result_for(r) for r in held])  # all six commit: 6 expected
+    rest = await api.lease("w1", 24)
+    await api.report("w1", [result_for(r) for r in rest["rollouts"]])
+    q, c = await queues(api)
+    assert (q["ready_groups"], c["groups_opened"]) == (6, 6)
+    assert (await api.next_batch()).status_code == 200  # 4 ready: a batch's worth
+    assert (await api.lease("w1", 4))["rollouts"] == []  # 4 >= 2, and the floor is off
+    assert (await api.next_batch()).status_code == 200
+    assert (await api.next_batch()).status_code == 200  # none ready: the floor is back
+    for _ in range(6):
+        assert len((await api.lease("w1", 4))["rollouts"]) == 4
+    assert (await api.lease("w1", 4))["rollouts"] == []
+    assert (await api.counters())["groups_opened"] == 12
+
+
 async def test_abandoned_groups_free_room_for_new_ones(make_api):
     api = await make_api(batch_size=1, prefetch_batches=1)  # target 1
     await api.add(prompt_spec("f1", "fail"), prompt_spec("f2", "fail"))

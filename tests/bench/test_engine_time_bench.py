@@ -38,6 +38,20 @@ def test_commit_waves_are_rollouts_started_after_a_sibling_finished():
     assert report.cache_figures([gen("c", 0, 1)])["prefix_cache_hit_rate"] is None
 
 
+def test_a_groups_age_counts_the_batches_that_arrived_while_it_was_in_the_making():
+    """a starts at 0 and arrives in the third batch, after two that arrived since: age 2 (over
+    max_staleness 1); b starts before the first batch arrives: age 1; c is in the first batch: age 0;
+    d's rollouts ran in an earlier round (no record): left out."""
+    records = [gen("a", 0.0, 1.0), gen("a", 2.5, 4.0), gen("b", 0.5, 2.0), gen("c", 0.2, 0.5)]
+    r = bench.PolicyRound("sara", 3, 5.0, 5.0, records, {}, 1.0, [1.0],
+                          batches=[(1.0, ["c", "d"]), (2.0, ["b"]), (4.5, ["a"])])
+    ages = report.age_figures(r)
+    assert ages["batches_in_flight"] == pytest.approx((0 + 1 + 2) / 3)
+    assert ages["stale_share_at_1"] == pytest.approx(1 / 3) and ages["stale_share_at_2"] == 0
+    assert report.age_figures(bench.PolicyRound("ds", 0, 1.0, 1.0, [], {}, 1.0, [])) == {
+        "batches_in_flight": None, "stale_share_at_1": None, "stale_share_at_2": None}
+
+
 def _round(policy, effective, seconds, gens, aborted=0, t0=100.0):
     records = [gen(f"g{i // 8}", t0, t0 + seconds * (i + 1) / gens, tokens=20)
                for i in range(gens)]

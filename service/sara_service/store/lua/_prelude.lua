@@ -21,6 +21,18 @@ end
 local function flow_expected(ready_key, yield_key)
   return redis.call('LLEN', ready_key) * YIELD_UNIT + open_yield(yield_key)
 end
+-- The target flow control opens groups under, in yield units: flow_target (prefetch_batches x
+-- batch_size), or floor_target while fewer than floor_ready groups are ready. That is the work
+-- floor: the scripts that open groups run for a lease that found too little work, so past the
+-- target they only fill an engine that would otherwise idle, and only while the trainer is not
+-- behind (a SARA group holds just its probes until it commits, so at the same expected yield
+-- there is less to lease than under DS). floor_target <= flow_target: no floor.
+local function flow_target_units(ready_key, flow_target, floor_target, floor_ready)
+  if floor_target > flow_target and redis.call('LLEN', ready_key) < floor_ready then
+    return floor_target * YIELD_UNIT
+  end
+  return flow_target * YIELD_UNIT
+end
 -- A note on the wake stream, which the long polls of every replica wait on: `kind` says what
 -- woke ('lease' or 'batch'), then any field/value pairs. The stream keeps about its last 64.
 local function wake(stream, kind, ...)

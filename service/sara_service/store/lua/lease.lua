@@ -21,12 +21,14 @@
 --            open_groups.lua, a second lease)
 -- ARGV[11] = audit_fraction   ARGV[12] = seed (as open_groups.lua takes them)
 -- ARGV[13] = group_ids: the ids (space separated) the groups opened here take, in order
+-- ARGV[14] = floor_target, ARGV[15] = floor_ready: the work floor (flow_target_units in
+--            _prelude.lua; floor_target 0: none)
 -- returns {{rollout_id, prompt_id, ...}, {prompt_id, prompt_json, ...} (each leased prompt's
 --          content once; '' for a prompt with none), cancel ids (space separated),
 --          policy version, policy checkpoint ('' = none), room, dry}: room is 1 when
 --          open_groups.lua could open a group now (the run is neither paused nor draining, and
---          flow control is under its target), else 0, so a worker that flow control holds back
---          costs one call; dry is 1 when opening groups here found the epoch queue short (the
+--          flow control is under its target, the work floor's where it applies), else 0, so
+--          a worker that flow control holds back costs one call; dry is 1 when opening groups here found the epoch queue short (the
 --          scheduler starts the next epoch and opens the rest)
 -- Each key is read and written once per batch of popped ids, not once per rollout.
 local PENDING, SLOTS, INFLIGHT, STATS, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -40,6 +42,7 @@ local now, wid, lid, want = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local expires_at, key_ttl, backend = ARGV[5], ARGV[6], ARGV[7]
 local requeue_limit, flow_target = tonumber(ARGV[8]), tonumber(ARGV[9])
 local plan_json, audit_fraction, seed, group_ids = ARGV[10], tonumber(ARGV[11]), ARGV[12], ARGV[13]
+local floor_target, floor_ready = tonumber(ARGV[14]), tonumber(ARGV[15])
 
 -- rollouts whose lease ran out go back at the front first (one round trip, not two)
 if requeue_limit > 0 then
@@ -73,7 +76,7 @@ take()
 -- plan), while flow control has room; prompts popped but not opened go back to the front.
 local dry = 0
 local function open_for_rest()
-  local target = flow_target * YIELD_UNIT
+  local target = flow_target_units(READY, flow_target, floor_target, floor_ready)
   local expected = flow_expected(READY, OPEN_YIELD)
   if redis.call('EXISTS', RUN_STATE) == 1 or expected >= target then return end
   local plan, gids = cjson.decode(plan_json), {}
@@ -161,8 +164,8 @@ local cancel = redis.call('HGET', CANCELS, wid) or ''
 if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
 local policy = redis.call('HMGET', POLICY, 'version', 'checkpoint')
 local room = 0
-if flow_target > 0 and redis.call('EXISTS', RUN_STATE) == 0
-    and flow_expected(READY, OPEN_YIELD) < flow_target * YIELD_UNIT then
+if flow_target > 0 and redis.call('EXISTS', RUN_STATE) == 0 and flow_expected(READY, OPEN_YIELD)
+    < flow_target_units(READY, flow_target, floor_target, floor_ready) then
   room = 1
 end
 return {out, prompts, cancel, policy[1] or '0', policy[2] or '', room, dry}
