@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _provenance import git_state  # noqa: E402  (bench/ is not a package)
 from sara_client import alocal  # noqa: E402
-from sara_client.models import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE, RolloutResult  # noqa: E402
+from sara_client.limits import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE  # noqa: E402
+from sara_client.models import RolloutResult  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

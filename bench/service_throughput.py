@@ -58,7 +58,8 @@ import orjson
 from sara_client import AsyncSaraClient
 from sara_service.embedded import EmbeddedRedis, free_port
 from sara_worker.sim.pool import standard_pool
-from sara_service.store.store import SCRIPTS, script_source
+from sara_service.store.redis_format import SCRIPTS
+from sara_service.store.runner import script_source
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "service_throughput.txt"

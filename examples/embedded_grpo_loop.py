@@ -30,8 +30,11 @@ delivered; the last line is ``SUMMARY {json}`` (also written to ``--out``/summar
 
 Pieces taken from ``sara_trainer`` and ``sara_demo`` when they are importable, with a small inline
 stand-in otherwise: the arith prompts, the SFT warm start (skipped without it), GRPO advantages
-and the clipped policy-gradient loss. Rewards come from the worker's verifier registry (``sara_worker.verifiers``),
-the same function a ``sara worker`` would score with.
+and the clipped policy-gradient loss. Rewards come from the worker's verifier registry
+(``sara_worker.verifiers``), the same function a ``sara worker`` would score with.
+
+It is past 400 lines because it is an example meant to be read and copied as one file: the
+stand-ins that let it run without the trainer and demo packages are part of what it shows.
 """
 
 from __future__ import annotations

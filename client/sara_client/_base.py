@@ -29,13 +29,12 @@ from .errors import (
     ConflictError, NotFoundError, SaraConnectionError, SaraError, SaraTimeoutError,
     ServiceUnavailableError, StaleWeightsError, UnexpectedResponseError, error_class_for_status,
 )
-from .models import (
-    MAX_WAIT_S, AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, ErrorEnvelope,
-    GroupOut, HealthResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest, LeaseResponse,
-    NextBatchRequest, PolicyInfo, PromptIn, PromptOut, PublishPolicyRequest, ResultsRequest,
-    ResultsResponse, RolloutResult,
-)
-from .models_stats import StatsResponse
+from .limits import MAX_WAIT_S
+from .models import (AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, ErrorEnvelope,
+                     GroupOut, HealthResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
+                     LeaseResponse, NextBatchRequest, PolicyInfo, PromptIn, PromptOut,
+                     PublishPolicyRequest, ResultsRequest, ResultsResponse, RolloutResult,
+                     StatsResponse)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

@@ -7,8 +7,8 @@ from functools import partial
 from typing import Any, AsyncIterator, Iterator
 
 from ._base import Call, segment, parse_model
-from .models_runctl import (PromptPage, PromptStateRequest, PromptStateResponse, PromptSummary,
-                            RunAction, RunControlRequest, RunStatus)
+from .models import (PromptPage, PromptStateRequest, PromptStateResponse, PromptSummary, RunAction,
+                     RunControlRequest, RunStatus)
 
 
 class RunControlCalls:

@@ -22,22 +22,9 @@ from ._base import (
 )
 from ._runctl import SyncRunControl
 from .errors import NotFoundError, SaraError
-from .models import (
-    AckResponse,
-    AddPromptsResponse,
-    Batch,
-    GroupOut,
-    HealthResponse,
-    HeartbeatResponse,
-    LeaseResponse,
-    PolicyInfo,
-    PromptIn,
-    PromptOut,
-    RolloutResult,
-)
-from .models_stats import (
-    StatsResponse,
-)
+from .models import (AckResponse, AddPromptsResponse, Batch, GroupOut, HealthResponse,
+                     HeartbeatResponse, LeaseResponse, PolicyInfo, PromptIn, PromptOut,
+                     RolloutResult, StatsResponse)
 
 T = TypeVar("T")
 log = logging.getLogger("sara_client")

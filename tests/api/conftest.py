@@ -51,15 +51,15 @@ def prompt_spec(name: str, script: str, **extra: Any) -> dict[str, Any]:
 
 def count_scripts(app) -> Counter:
     """Count the Lua scripts the app's store runs, by name."""
-    store = app.state.scheduler.store
+    runner = app.state.scheduler.store.runner
     calls: Counter = Counter()
-    run = store._script
+    run = runner.run
 
     async def counted(name, *args, **kwargs):
         calls[name] += 1
         return await run(name, *args, **kwargs)
 
-    store._script = counted
+    runner.run = counted
     return calls
 
 

@@ -160,7 +160,7 @@ async def test_an_unexpected_error_is_a_500_envelope_and_is_not_re_raised(make_a
     async def broken() -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(app.state.scheduler.store, "get_policy", broken)
+    monkeypatch.setattr(app.state.scheduler.store.policy, "get_policy", broken)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),  # re-raises app errors
                                  base_url="http://test") as http:
         r = await http.get("/policy")

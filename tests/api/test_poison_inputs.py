@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sara_client.models import MAX_META_DEPTH, MAX_STORED_INT
+from sara_client.limits import MAX_META_DEPTH, MAX_STORED_INT
 
 from .conftest import prompt_spec, result_for
 
@@ -107,8 +107,8 @@ async def test_meta_with_a_lone_surrogate_is_422(api, meta):
 async def migrated(store) -> dict:
     """The namespace as one written before stored formats were versioned, moved forward."""
     await store.redis.delete(store.keys.format_version)
-    assert await store.ensure_format() == "migrated"
-    return await store.counters()
+    assert await store.run.ensure_format() == "migrated"
+    return await store.run.counters()
 
 
 async def test_stored_deep_meta_does_not_jam_reads_or_leases(api):

@@ -23,6 +23,7 @@ from sara_service.store.keys import Keys
 from sara_service.store.redis_client import cluster_node_url, connect
 from sara_service.settings import Settings
 from sara_service.core.wake import Wakeups
+from sara_service.store.wake_stream import WakeStream
 from tests.api.conftest import BASE_URL, DEFAULTS, Api, prompt_spec, result_for
 from tests.cluster._local import MASTERS, SLOTS, slot_ranges
 
@@ -186,7 +187,7 @@ async def test_the_wake_listener_blocks_for_less_than_the_cluster_sockets_timeou
     connections with the service's 5 s socket timeout: a 5 s block would time out every idle round
     and leave long polls on their fallback timer. The read must end well before the timeout."""
     client = connect(redis_cluster_url, socket_timeout=5)
-    wake = Wakeups(client, Keys("run-a").wake)
+    wake = Wakeups(WakeStream(client, Keys("run-a").wake))
     try:
         wake.release(await wake.ticket("lease"))  # the first ticket starts the listener
         assert wake.read_block_s <= 5 - 2

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sara_client.models_stats import StatsResponse
+from sara_client.models import StatsResponse
 from sara_cli import common
 from sara_cli import main as cli
 from sara_cli import watch as watch_mod

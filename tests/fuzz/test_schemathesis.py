@@ -74,7 +74,7 @@ def seed_prompts(redis_url: str, namespace: str, count: int = 6) -> None:
     async def seed() -> None:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            await Store(client, namespace).add_prompts(
+            await Store(client, namespace).prompts.add_prompts(
                 [(f"p{i}", PromptIn(prompt=f"fuzz question {i}", answer=str(i)))
                  for i in range(count)], 1.0, 1.0, 0)
         finally:

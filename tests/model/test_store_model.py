@@ -488,10 +488,10 @@ class StoreMachine(RuleBasedStateMachine):
     @rule()
     def publish(self):
         self.version += 1
-        self.run(self.sched.store.publish_policy(self.clock.now, self.version,
+        self.run(self.sched.store.policy.publish_policy(self.clock.now, self.version,
                                                  f"/ckpt/{self.version}"))
         with pytest.raises(Conflict):
-            self.run(self.sched.store.publish_policy(self.clock.now, self.version, None))
+            self.run(self.sched.store.policy.publish_policy(self.clock.now, self.version, None))
 
     @rule(size=st.sampled_from([None, None, 1, 3]))
     def next_batch(self, size):

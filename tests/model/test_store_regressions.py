@@ -57,4 +57,4 @@ async def test_lease_call_counts_one_grant(sched):
     assert len(one.rollouts) == 1  # its group issued 2: one is left pending
     two = await sched.lease(LeaseRequest(worker_id="w1", max_rollouts=2, wait_s=0))
     assert len(two.rollouts) == 2  # the pending one, then one of a newly opened group
-    assert await sched.store.counter_values(("leases_granted",)) == {"leases_granted": 2}
+    assert await sched.store.run.counter_values(("leases_granted",)) == {"leases_granted": 2}

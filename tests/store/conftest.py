@@ -22,7 +22,7 @@ async def store(redis_url):
     client = connect(redis_url)
     try:
         s = Store(client, "test")
-        await s.add_prompts([("p", PromptIn(prompt="q"))], 1.0, 1.0, 0)
+        await s.prompts.add_prompts([("p", PromptIn(prompt="q"))], 1.0, 1.0, 0)
         yield s
     finally:
         await client.aclose()

@@ -16,11 +16,11 @@ pytestmark = pytest.mark.anyio
 
 
 async def open_one(store, gid, fraction):
-    return await store.open_groups(0.0, 100, [(gid, "p", SARA8)], "complete", 0, fraction, 7)
+    return await store.groups.open_groups(0.0, 100, [(gid, "p", SARA8)], "complete", 0, fraction, 7)
 
 
 async def group_field(store, gid, field):
-    (row,) = await store.read_groups([gid])
+    (row,) = await store.groups.read_groups([gid])
     return row[field]
 
 
@@ -74,17 +74,17 @@ async def test_a_group_committed_before_its_abandonment_point_is_not_an_audit(st
 
 async def test_the_audit_draw_is_a_fair_share_of_groups_and_fresh_on_each_visit(store):
     prompts = [(f"q{i}", PromptIn(prompt=str(i))) for i in range(2000)]
-    await store.add_prompts(prompts, 1.0, 1.0, 0)
+    await store.prompts.add_prompts(prompts, 1.0, 1.0, 0)
     plan = plan_group("sara", 8, 1.0, 1.0, 0.5)
     groups = [(f"g{i}", f"q{i}", plan) for i in range(2000)]
-    await store.open_groups(0.0, 10**9, groups, "complete", 0, 0.1, 3)
+    await store.groups.open_groups(0.0, 10**9, groups, "complete", 0, 0.1, 3)
     flags = [await group_field(store, gid, "audit") for gid, _, _ in groups]
     audited = flags.count("1")
     assert 200 - 4 * 13.4 < audited < 200 + 4 * 13.4  # binomial(2000, 0.1): sd 13.4
     assert flags == [documented_draw(3, f"q{i}", 0, 0.1) for i in range(2000)]
     # the same seed, prompt and visit give the same draw; the next visit draws afresh
     again = [(f"h{i}", f"q{i}", plan) for i in range(2000)]
-    await store.open_groups(0.0, 10**9, again, "complete", 0, 0.1, 3)
+    await store.groups.open_groups(0.0, 10**9, again, "complete", 0, 0.1, 3)
     second = [await group_field(store, gid, "audit") for gid, _, _ in again]
     assert second != flags and 200 - 4 * 13.4 < second.count("1") < 200 + 4 * 13.4
     assert second == [documented_draw(3, f"q{i}", 1, 0.1) for i in range(2000)]

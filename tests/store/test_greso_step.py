@@ -46,7 +46,7 @@ async def test_lua_steps_the_rates_as_python_does(store, seed):
     got = []
     for version, adapt, counts in events:
         await store.redis.hset(store.keys.stats, mapping=dict(zip(ENDED, counts)))
-        got.append(await store.greso_rates(version, adapt, params))
+        got.append(await store.policy.greso_rates(version, adapt, params))
     assert got == mirror(events, params)           # exact: the same doubles
     assert len({g for g in got}) > 5              # the rates moved, both ways
     assert all(params.p_min <= p <= params.p_max for pair in got for p in pair)
@@ -55,7 +55,7 @@ async def test_lua_steps_the_rates_as_python_does(store, seed):
 @pytest.mark.anyio
 async def test_a_first_call_starts_both_rates_and_an_older_version_changes_nothing(store):
     params = GresoParams()
-    assert await store.greso_rates(4, True, params) == (0.5, 0.5)
+    assert await store.policy.greso_rates(4, True, params) == (0.5, 0.5)
     await store.redis.hset(store.keys.stats, mapping={ENDED[1]: 10})
-    assert await store.greso_rates(3, True, params) == (0.5, 0.5)   # no step backwards
-    assert await store.greso_rates(5, True, params) == (0.49, 0.51)  # all easy: skip more easy
+    assert await store.policy.greso_rates(3, True, params) == (0.5, 0.5)   # no step backwards
+    assert await store.policy.greso_rates(5, True, params) == (0.49, 0.51)  # all easy: skip more easy

@@ -34,7 +34,7 @@ def _final_states(case: dict) -> set[str]:
 
 
 async def _issued(store, gid: str) -> int:
-    (row,) = await store.read_groups([gid])
+    (row,) = await store.groups.read_groups([gid])
     return int(row[GroupField.issued])
 
 
@@ -52,17 +52,17 @@ async def test_lua_matches_python_reference(store, index):
     if plan.skip:
         return  # the scheduler never opens a skipped group: nothing reaches Lua
     gid = f"g{index}"
-    opened = await store.open_groups(0.0, 10**9, [(gid, "p", plan)], "complete")
+    opened = await store.groups.open_groups(0.0, 10**9, [(gid, "p", plan)], "complete")
     assert opened == 1
     assert await _issued(store, gid) == case["initial_issue"]
     for n, (outcome, decision, issued) in enumerate(
             zip(case["outcomes"], case["decisions"], case["issued_after"])):
         assert n < await _issued(store, gid), "an outcome arrived for a rollout never issued"
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(outcome))
-        applied = await store.apply_results(1.0, "w", [result], [outcome], 0.5, case["alpha0"],
+        applied = await store.leases.apply_results(1.0, "w", [result], [outcome], 0.5, case["alpha0"],
                                             case["beta0"], 60.0)
         assert applied.accepted == 1
         assert applied.decisions == [(gid, decision)], f"after outcomes {case['outcomes'][:n + 1]}"
         assert await _issued(store, gid) == issued
-    (state,) = await store.group_state([gid])
+    (state,) = await store.groups.group_state([gid])
     assert state in _final_states(case)

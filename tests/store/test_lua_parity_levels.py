@@ -84,7 +84,7 @@ def redis_url(single_redis_url) -> str:
 
 
 async def _group(store, gid: str) -> dict:
-    (row,) = await store.read_groups([gid])
+    (row,) = await store.groups.read_groups([gid])
     return row
 
 
@@ -100,18 +100,18 @@ async def test_lua_matches_the_reward_view_reference(store, index):
     want = reference(policy, k, levels, alpha0, tau, stream)
     table = level_table(k, levels, alpha0)
     gid = f"g{index}"
-    assert await store.open_groups(0.0, 10**9, [(gid, "p", want["plan"])], "complete") == 1
+    assert await store.groups.open_groups(0.0, 10**9, [(gid, "p", want["plan"])], "complete") == 1
     assert int((await _group(store, gid))[GroupField.issued]) == want["plan"].initial_issue
     for n, (level, decision, issued) in enumerate(want["steps"]):
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(n % 2))
-        applied = await store.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0, alpha0,
+        applied = await store.leases.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0, alpha0,
                                             60.0, levels=[level], levels_in_use=levels)
         assert applied.decisions == [(gid, decision)], f"after levels {stream[:n + 1]}"
         row = await _group(store, gid)
         assert int(row[GroupField.issued]) == issued
         if decision != "commit":   # the stored p_eff is the plan's entry, to the bit
             assert float(row[GroupField.p_eff]) == table[min(n + 1, want["plan"].after_failures)]
-    (state,) = await store.group_state([gid])
+    (state,) = await store.groups.group_state([gid])
     expected = {"committed": {"committed", "ready"}, "abandoned": {"abandoned"}, "open": {"open"},
                 "saturated": {"ready"} if policy == "uniform" else {"dropped"}}
     assert state in expected[want["final"]]
@@ -119,6 +119,6 @@ async def test_lua_matches_the_reward_view_reference(store, index):
         n = len(want["steps"])
         counts = {stream[0]: float(n)}
         q = mixed_chance_levels(counts, stream[0], k - n, levels, alpha0)
-        c = await store.counters()
+        c = await store.run.counters()
         assert float(c["estimated_false_abandons"]) == pytest.approx(q, rel=1e-12, abs=1e-15)
         assert float(c["expected_false_abandons"]) == table[n]

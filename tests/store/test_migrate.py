@@ -33,15 +33,15 @@ async def empty(redis_url):
 
 
 async def test_a_fresh_namespace_gets_the_version_and_then_is_current(empty):
-    assert await empty.ensure_format() == "fresh"
+    assert await empty.run.ensure_format() == "fresh"
     assert int(await empty.redis.get(empty.keys.format_version)) == FORMAT_VERSION
-    assert await empty.ensure_format() == "current"
+    assert await empty.run.ensure_format() == "current"
 
 
 async def test_a_format_this_release_does_not_read_is_refused(empty):
     await empty.redis.set(empty.keys.format_version, FORMAT_VERSION + 1)
     with pytest.raises(UnknownFormat, match=f"format {FORMAT_VERSION + 1}.*SARA_NAMESPACE"):
-        await empty.ensure_format()
+        await empty.run.ensure_format()
 
 
 async def _unversioned(store) -> None:
@@ -49,7 +49,7 @@ async def _unversioned(store) -> None:
     policy version no publish could pass, a prompt with unserialisable meta (live and deleted),
     and a stored result with a null logprob."""
     k = store.keys
-    await store.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
+    await store.groups.open_groups(0.0, 100, [("g", "p", SARA8)], "complete")
     await report(store, "w", [("g:0", 1), ("g:1", 0)])   # mixed: committed, kept open to k
     blob = json.loads(await store.redis.hget(k.group("g"), "r:0"))
     await store.redis.hset(k.group("g"), "r:0", json.dumps({**blob, "logprobs": [-0.5, None]}))
@@ -65,12 +65,12 @@ async def _unversioned(store) -> None:
 
 async def test_an_unversioned_namespace_is_migrated_once(store):
     await _unversioned(store)
-    assert await store.ensure_format() == "migrated"
+    assert await store.run.ensure_format() == "migrated"
     k = store.keys
     c = await counters(store)
     assert c[NEW] == 7 and OLD not in c
-    assert (await store.get_policy()).version == 0
-    assert (await store.publish_policy(1.0, 1, None)).version == 1
+    assert (await store.policy.get_policy()).version == 0
+    assert (await store.policy.publish_policy(1.0, 1, None)).version == 1
     for key in (k.prompts, k.prompts_retired):
         meta = json.loads(await store.redis.hget(key, "bad"))["meta"]
         assert set(meta) == {"sara_note"} and "nested" in meta["sara_note"]
@@ -80,7 +80,7 @@ async def test_an_unversioned_namespace_is_migrated_once(store):
     # run again (a migration cut short before writing its version is run from the start)
     before = {key: await store.redis.hgetall(key) for key in (k.stats, k.prompts, k.group("g"))}
     await store.redis.delete(k.format_version)
-    assert await store.ensure_format() == "migrated"
+    assert await store.run.ensure_format() == "migrated"
     assert {key: await store.redis.hgetall(key) for key in before} == before
 
 
@@ -92,7 +92,7 @@ async def test_a_replica_waits_for_the_one_that_holds_the_migration_lock(store):
         naps.append(seconds)
         await store.redis.set(store.keys.format_version, FORMAT_VERSION)
 
-    assert await ensure_format(store, sleep=other_replica_finishes) == "current"
+    assert await ensure_format(store.run, sleep=other_replica_finishes) == "current"
     assert naps == [0.5]
     await store.redis.delete(store.keys.format_version)
 
@@ -100,7 +100,7 @@ async def test_a_replica_waits_for_the_one_that_holds_the_migration_lock(store):
         return None
 
     with pytest.raises(UnknownFormat, match="delete the key"):
-        await ensure_format(store, wait_s=1.0, sleep=nothing)
+        await ensure_format(store.run, wait_s=1.0, sleep=nothing)
 
 
 async def test_a_replica_that_locks_after_another_finished_does_not_migrate_again(store):
@@ -128,7 +128,7 @@ async def test_the_scheduler_refuses_to_start_on_a_format_it_does_not_read(redis
     client = connect(redis_url)
     try:
         store = Store(client, "newer")
-        await store.add_prompts([("p", PromptIn(prompt="q"))], 1.0, 1.0, 0)
+        await store.prompts.add_prompts([("p", PromptIn(prompt="q"))], 1.0, 1.0, 0)
         await client.set(store.keys.format_version, FORMAT_VERSION + 1)
         app = create_app(Settings(redis_url=redis_url, namespace="newer"))
         with pytest.raises(UnknownFormat):

@@ -6,12 +6,10 @@ import json
 
 import orjson
 
-from sara_client.models import (
-    Batch, BatchGroup, BatchRollout, BatchStats, LeaseResponse, PolicyInfo, Rollout,
-    RolloutResult, SamplingParams,
-)
+from sara_client.models import (Batch, BatchGroup, BatchRollout, BatchStats, LeaseResponse,
+                                PolicyInfo, Rollout, RolloutResult, SamplingParams)
 from sara_service.core.answers import batch_answer, lease_answer, stored_result
-from sara_service.store.store import LeasedRollout
+from sara_service.store.leases import LeasedRollout
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=128, seed=3)
 POLICY = PolicyInfo(version=4, checkpoint="ckpt/4")

@@ -12,9 +12,11 @@ from sara_service.store.codec import StoredPosterior
 
 
 class FakeStore:
-    """The two reads a refit makes, with values the test sets."""
+    """The reads a refit makes, with values the test sets; it stands for both resource stores
+    a refit reads (`run` and `prompts`)."""
 
     def __init__(self) -> None:
+        self.run = self.prompts = self
         self.counters = {"rollouts_completed": 0, "groups_committed": 0, "groups_abandoned": 0,
                          "groups_dropped_saturated": 0}
         self.posteriors: list[StoredPosterior] = []

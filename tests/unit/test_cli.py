@@ -256,7 +256,7 @@ def _sdk_client(handler):
 
 def test_load_and_stats_through_the_real_sdk(monkeypatch):
     from sara_client.models import PolicyInfo
-    from sara_client.models_stats import Counters, Derived, Queues, StatsResponse
+    from sara_client.models import Counters, Derived, Queues, StatsResponse
 
     seen = []
 

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 import sara_client
 from sara_client import NotFoundError
-from sara_client.models import Posterior, PromptHistory
-from sara_client.models_runctl import PromptStateResponse, PromptSummary, RunStatus
+from sara_client.models import (Posterior, PromptHistory, PromptStateResponse, PromptSummary,
+                                RunStatus)
 from sara_cli import main as cli
 
 runner = CliRunner()

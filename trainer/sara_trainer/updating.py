@@ -57,11 +57,9 @@ def learning_rate(config: TrainerConfig, step: int) -> float:
     steps, then ``lr``. Adam's first steps move every weight by about lr whatever its gradient;
     a warm-up keeps that from knocking an SFT'd policy back (measured: the tiny policy's
     held-out accuracy dipped 3-9 points over the first 10 steps without one)."""
-    # checkpoints written before the field existed kept it in `extra`
-    warmup = config.lr_warmup_steps or int(config.extra.get("lr_warmup_steps", 0) or 0)
-    if warmup <= 0:
+    if config.lr_warmup_steps <= 0:
         return config.lr
-    return config.lr * min(1.0, (step + 1) / warmup)
+    return config.lr * min(1.0, (step + 1) / config.lr_warmup_steps)
 
 
 class Updater:

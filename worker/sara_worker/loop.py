@@ -18,10 +18,9 @@
 - **stop** (SIGTERM): stop leasing, finish (or abort) what is held, report, return. Rollouts we
   abort ourselves are not reported (a partial completion is no result): their leases expire.
 
-Past 400 lines because one state (the held rollouts) ties leasing, generation, cancels and
-policy loads together; the lease bookkeeping and the reporter live apart (leases.py,
-reporter.py). Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_until` and ``max_rollouts`` bound a
-run, and :meth:`WorkerLoop.wait_for` lets a test wait on the loop's state without sleeping.
+Time is injected (``clock``, ``sleep``); :meth:`WorkerLoop.run_until` and ``max_rollouts``
+bound a run, and :meth:`WorkerLoop.wait_for` lets a test wait on the loop's state without
+sleeping. The lease bookkeeping and the reporter live apart (leases.py, reporter.py).
 
 It is past 400 lines because the duties above share one set of in-flight rollouts and must
 be read together to see that each leased rollout ends once: reported, or aborted.

@@ -22,11 +22,9 @@ from typing import Any, Sequence
 
 import orjson
 
-from sara_client.models import (
-    BatchRollout, BatchStats, LeaseResponse, PolicyInfo, SamplingParams,
-)
+from sara_client.models import BatchRollout, BatchStats, LeaseResponse, PolicyInfo, SamplingParams
 
-from ..store.store import LeasedRollout
+from ..store.leases import LeasedRollout
 
 # a group as a batch carries it: (group id, prompt id, stored prompt content, stored results)
 BatchGroupRows = tuple[str, str, dict[str, Any], list[bytes]]

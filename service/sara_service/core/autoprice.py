@@ -110,13 +110,14 @@ class AutoPricer:
     async def refresh(self, store: Store, version: int) -> bool:
         """Refit the pool model and the price if enough groups were decided since the last
         refit; True when it refitted."""
-        c = await store.counter_values(ROLLOUT_COUNTERS + (TOKEN_COUNTERS if self.tokens else ()))
+        c = await store.run.counter_values(
+            ROLLOUT_COUNTERS + (TOKEN_COUNTERS if self.tokens else ()))
         decided = c["groups_committed"] + c["groups_abandoned"] + c["groups_dropped_saturated"]
         if self._fitted_at is not None and decided - self._fitted_at < self._interval():
             return False
         self._fitted_at = decided
-        evidence = self._evidence(await store.sample_posteriors(EVIDENCE_LIMIT), version,
-                                  await store.pool_clock())
+        evidence = self._evidence(await store.prompts.sample_posteriors(EVIDENCE_LIMIT), version,
+                                  await store.prompts.pool_clock())
         # EM over a few thousand prompts takes up to ~1 s of pure Python: off the event loop,
         # so leases and results keep being served meanwhile (the GIL still shares the CPU)
         self.model = await asyncio.to_thread(fit_pool, evidence, self.prior)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sara_client.models import GroupOut, GroupSlot, PolicyInfo
-from sara_client.models_stats import Counters, Derived, Queues, StatsResponse, WorkerStats
+from sara_client.models import (GroupOut, GroupSlot, PolicyInfo, Counters, Derived, Queues,
+                                StatsResponse, WorkerStats)
 
 from ..math import ds_estimate as ds
 from ..errors import NotFound
@@ -18,7 +18,7 @@ from ..math.reward_levels import non_binary_warning
 from ..settings import Settings
 from ..store.store import Store
 from ..store.codec import stored_int
-from ..store.reads import WorkerRow
+from ..store.run import WorkerRow
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -27,14 +27,14 @@ def _ratio(num: float, den: float) -> float | None:
 
 async def group_view(store: Store, group_id: str) -> GroupOut:
     """One group's state, counters, thresholds and per-slot rollouts."""
-    (row,) = await store.read_groups([group_id])
-    (state,) = await store.group_state([group_id])
+    (row,) = await store.groups.read_groups([group_id])
+    (state,) = await store.groups.group_state([group_id])
     if not row or state is None:
         raise NotFound("unknown_group", f"no group with id {group_id!r} (it may have expired)")
     k = int(row[G.k])
     rids = [rollout_id(group_id, i) for i in range(k)]
     slots = []
-    for i, (rid, slot) in enumerate(zip(rids, await store.slot_states(rids))):
+    for i, (rid, slot) in enumerate(zip(rids, await store.leases.slot_states(rids))):
         # a done slot's worker_id names the holder of a cancelled copy, not who answered it
         worker = slot.worker_id if slot.kind == "leased" else None
         result = row.get(G.result(i))
@@ -64,7 +64,7 @@ def ds_estimate(c: Counters, k: int) -> ds.Interval:
 
 async def read_counters(store: Store) -> Counters:
     """The namespace's counters as they stand."""
-    return _counters(await store.counters())
+    return _counters(await store.run.counters())
 
 
 def _tally(c: Counters) -> ds.GroupTally:
@@ -134,7 +134,7 @@ async def stats_view(store: Store, settings: Settings, now: float,
                      auto: Any = None) -> StatsResponse:
     """Everything /stats shows, read in one pipelined round trip; `auto` is the scheduler's
     AutoPricer under tau_low=auto (its price and thresholds in force)."""
-    snap = await store.stats_snapshot()
+    snap = await store.run.stats_snapshot()
     counters = _counters(snap.counters)
     derived = derive(counters, settings.group_size)
     queues = Queues(pending=max(0, derived.rollouts_in_flight - snap.leased), leased=snap.leased,
@@ -142,9 +142,9 @@ async def stats_view(store: Store, settings: Settings, now: float,
                     expected_yield_open=sum(snap.open_group_scores),
                     ready_groups=snap.ready_groups, unacked_batches=snap.unacked_batches,
                     flow_target=settings.prefetch_batches * settings.batch_size)
-    policy: PolicyInfo = await store.get_policy()
+    policy: PolicyInfo = await store.policy.get_policy()
     return StatsResponse(
-        namespace=settings.namespace, run_state=await store.run_state(), now=now, policy=policy,
+        namespace=settings.namespace, run_state=await store.run.run_state(), now=now, policy=policy,
         config=settings.public_config(),
         counters=counters, derived=derived, queues=queues,
         abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),

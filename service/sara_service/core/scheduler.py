@@ -20,18 +20,17 @@ import random
 import time
 from typing import Callable
 
-from sara_client.models import (
-    AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, BatchStats, GroupDecision,
-    HeartbeatResponse, LeaseRequest, LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
-    ResultsResponse, SamplingParams, prompt_json,
-)
+from sara_client.models import (AckResponse, AddPromptsRequest, AddPromptsResponse, Batch,
+                                BatchStats, GroupDecision, HeartbeatResponse, LeaseRequest,
+                                LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
+                                ResultsResponse, SamplingParams, prompt_json)
 
 from ..math.allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
 from ..errors import Conflict, Unfillable
 from .observability import ds_estimate, read_counters
-from ..store.codec import StoredPosterior
+from ..store.codec import StoredPosterior, stored_int
 from ..store.redis_format import FORMAT_VERSION, split_ids
 from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
@@ -41,7 +40,9 @@ from ..math.selection import (
     greso_streak, mopps_levels_score, mopps_score, top_by_score,
 )
 from ..settings import Settings
-from ..store.store import Opening, Store, stored_int
+from ..store.leases import Opening
+from ..store.store import Store
+from ..store.wake_stream import WakeStream
 from .wake import Ticket, Wakeups
 
 log = logging.getLogger("sara.service")
@@ -84,7 +85,7 @@ class Scheduler:
         self.store = store
         self.clock = clock or time.time
         self.stopping = False  # set on SIGTERM: long polls answer at once, empty
-        self.wakeups = Wakeups(store.redis, store.keys.wake)
+        self.wakeups = Wakeups(WakeStream(store.redis, store.keys.wake))
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
@@ -120,7 +121,8 @@ class Scheduler:
         replicas saw) and before opening groups, never on a plain lease: it is one round trip."""
         if not self.reward_view:
             return
-        levels = levels_in_use(self.settings.reward_levels, await self.store.reward_level_count())
+        seen = await self.store.run.reward_level_count()
+        levels = levels_in_use(self.settings.reward_levels, seen)
         if levels != self._levels:
             self._levels = levels
             self._prior_plan = self._fixed_plan()
@@ -129,6 +131,13 @@ class Scheduler:
     def flow_target(self) -> int:
         """Expected effective groups to keep ready or in the making."""
         return self.settings.prefetch_batches * self.settings.batch_size
+
+    @property
+    def work_floor(self) -> dict[str, float]:
+        """The work floor as the store takes it: the target a short lease may open up to while
+        fewer than a batch of groups is ready."""
+        return dict(floor_target=self.settings.work_floor * self.flow_target,
+                    floor_ready=self.settings.batch_size)
 
     def begin_shutdown(self) -> None:
         """Answer every long poll now, and every later one at once: the process is stopping.
@@ -158,8 +167,8 @@ class Scheduler:
         """Register prompts: ids in request order, how many were new, and which ids were
         already registered with other content (kept as it was)."""
         pairs = [(p.id or prompt_id_for(p), p) for p in req.prompts]
-        version = (await self.store.get_policy()).version
-        created, differs = await self.store.add_prompts(pairs, self.settings.prior_alpha,
+        version = (await self.store.policy.get_policy()).version
+        created, differs = await self.store.prompts.add_prompts(pairs, self.settings.prior_alpha,
                                                         self.settings.prior_beta, version)
         return AddPromptsResponse(ids=[pid for pid, _ in pairs], created=created,
                                   content_differs=differs)
@@ -181,15 +190,15 @@ class Scheduler:
         s = self.settings
         await self._refresh_levels()
         if self.auto is not None:
-            await self.auto.refresh(self.store, (await self.store.get_policy()).version)
+            await self.auto.refresh(self.store, (await self.store.policy.get_policy()).version)
             self._prior_plan = self.auto.fresh_plan()
         if s.prior == "uniform" and s.selection == "epoch":
             if self._prior_plan.skip:   # Settings refuse this; never open a group issuing nothing
                 return [], len(pids)
             return [(_new_id("g"), pid, self._prior_plan) for pid in pids], 0
-        version = (await self.store.get_policy()).version
-        clock = await self.store.pool_clock()
-        posts = await self.store.posteriors(pids)
+        version = (await self.store.policy.get_policy()).version
+        clock = await self.store.prompts.pool_clock()
+        posts = await self.store.prompts.posteriors(pids)
         keeps = (await self._greso_keeps(posts, version, clock) if s.selection == "greso"
                  else [True] * len(pids))
         chosen, skipped = [], 0
@@ -215,7 +224,7 @@ class Scheduler:
         c zero-variance groups in a row (selection.greso_keep_chance); the rates adapt once per
         policy version, from the pool's second epoch on, as GRESO's do from its second."""
         params = self._greso
-        p_easy, p_hard = await self.store.greso_rates(version, clock >= 1.0, params)
+        p_easy, p_hard = await self.store.policy.greso_rates(version, clock >= 1.0, params)
         return [self._rng.random() < greso_keep_chance(
                     *greso_streak(post.observations),
                     p_easy, p_hard, params) for post in posts]
@@ -253,21 +262,21 @@ class Scheduler:
         """The next `count` prompts: from the epoch queue, or the best of a random pool."""
         s = self.settings
         if s.selection in EPOCH_ORDER:
-            return await self.store.pop_epoch(count, s.seed, shuffled)
-        pool = await self.store.random_prompts(count * s.selection_pool)
-        version = (await self.store.get_policy()).version
-        posts = await self.store.posteriors(pool)
+            return await self.store.prompts.pop_epoch(count, s.seed, shuffled)
+        pool = await self.store.prompts.random_prompts(count * s.selection_pool)
+        version = (await self.store.policy.get_policy()).version
+        posts = await self.store.prompts.posteriors(pool)
         if s.selection == "dps":
             params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
             history = [p.observations for p in posts]
             scores = [dps_mixed_probability(dps_observations(obs, s.dps_censored), version, params)
                       for obs in history]
         elif self.reward_view:
-            clock = await self.store.pool_clock()
+            clock = await self.store.prompts.pool_clock()
             scores = [mopps_levels_score(self._level_alphas(p, version, clock), s.group_size,
                                          self._rng) for p in posts]
         else:
-            clock = await self.store.pool_clock()
+            clock = await self.store.prompts.pool_clock()
             scores = [mopps_score(*self._posterior_now(p, version, clock), self._rng,
                                   s.mopps_target) for p in posts]
         return top_by_score(pool, scores, count, self._rng)
@@ -294,12 +303,11 @@ class Scheduler:
             if not pids:
                 return 0
             plans, skipped = await self._plans_for(pids)
-            opened = await self.store.open_groups(now, self.flow_target, plans,
-                                                  self.settings.commit, skipped,
-                                                  self.settings.audit_fraction,
-                                                  self.settings.seed)
+            opened = await self.store.groups.open_groups(
+                now, self.flow_target, plans, self.settings.commit, skipped,
+                self.settings.audit_fraction, self.settings.seed, **self.work_floor)
             if self.settings.selection in EPOCH_ORDER:
-                await self.store.unpop_epoch([pid for _, pid, _ in plans[opened:]])
+                await self.store.prompts.unpop_epoch([pid for _, pid, _ in plans[opened:]])
             if plans or not skipped:
                 return opened
         return 0
@@ -327,13 +335,14 @@ class Scheduler:
             # lacks; else (or when the epoch ran out) they are opened here, when the script saw
             # room for them, and leased by a second call
             opening = self._opening(req.max_rollouts)
-            grant = await self.store.lease_with_policy(
+            grant = await self.store.leases.lease_with_policy(
                 now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
-                expire_limit=EXPIRE_BATCH, flow_target=self.flow_target, opening=opening)
+                expire_limit=EXPIRE_BATCH, flow_target=self.flow_target, opening=opening,
+                **self.work_floor)
             leased, cancel, policy = grant.rollouts, grant.cancel, grant.policy
             if len(leased) < req.max_rollouts and grant.room and (opening is None or grant.dry):
                 if await self.open_groups_for(now, req.max_rollouts - len(leased)):
-                    more = await self.store.lease_with_policy(
+                    more = await self.store.leases.lease_with_policy(
                         now, req.worker_id, lease_id, req.max_rollouts - len(leased), expires_at,
                         key_ttl, req.backend)
                     leased += more.rollouts
@@ -350,7 +359,7 @@ class Scheduler:
     async def _check_weights(self, version: int) -> None:
         """409 stale_weights when weights at `version` are older than max_staleness allows:
         whatever they generated would be dropped at delivery. The detail says what to load."""
-        policy = await self.store.get_policy()
+        policy = await self.store.policy.get_policy()
         oldest = policy.version - self.settings.max_staleness
         if version < oldest:
             raise Conflict(
@@ -370,7 +379,7 @@ class Scheduler:
         """Extend a lease by lease_ttl_s from now."""
         now = self.clock()
         expires_at = now + self.settings.lease_ttl_s
-        cancel = await self.store.heartbeat(now, worker_id, lease_id, expires_at,
+        cancel = await self.store.leases.heartbeat(now, worker_id, lease_id, expires_at,
                                             self._lease_key_ttl())
         return HeartbeatResponse(lease_id=lease_id, expires_at=expires_at, cancel=cancel)
 
@@ -393,7 +402,7 @@ class Scheduler:
             levels = [str(level_of(r.reward, s.reward_tolerance)) for r in req.results]
         else:
             await self._warn_non_binary(req.results)
-        applied = await self.store.apply_results(
+        applied = await self.store.leases.apply_results(
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
@@ -417,7 +426,7 @@ class Scheduler:
         if reward is None:
             return
         self._warned_non_binary = True
-        if await self.store.note_non_binary_reward(reward):
+        if await self.store.run.note_non_binary_reward(reward):
             log.warning(non_binary_warning(reward))
 
     # --- trainer ---------------------------------------------------------------------------------
@@ -444,7 +453,7 @@ class Scheduler:
             need = size if s.max_rollouts_per_batch is None else 1
             ticket = await self._ticket("batch", deadline, need)
             now = self.clock()
-            kind, batch_id = await self.store.form_batch(
+            kind, batch_id = await self.store.batches.form_batch(
                 now, size, now + s.batch_ack_timeout_s, s.max_staleness,
                 s.max_rollouts_per_batch, _new_id("b"), s.retention_s)
             if kind == "new" and batch_id:
@@ -458,18 +467,18 @@ class Scheduler:
     async def _note_estimate(self, batch_id: str) -> None:
         # a window's own counts are too few for an estimate: the run's so far goes with them
         estimate = ds_estimate(await read_counters(self.store), self.settings.group_size)
-        await self.store.note_batch_estimate(batch_id, {
+        await self.store.batches.note_batch_estimate(batch_id, {
             "ds_rollouts_per_effective_group": estimate.point,
             "ds_rollouts_per_effective_group_low": estimate.low,
             "ds_rollouts_per_effective_group_high": estimate.high})
 
     async def _load_batch(self, batch_id: str, redelivered: bool) -> bytes:
-        meta = await self.store.read_batch(batch_id)
+        meta = await self.store.batches.read_batch(batch_id)
         gids = split_ids(meta["groups"], ",")
         # stored results stay JSON bytes: the answer splices them in (answers.stored_result)
-        rows = await self.store.read_group_results(gids, self.settings.group_size,
+        rows = await self.store.groups.read_group_results(gids, self.settings.group_size,
                                                    decode=bytes)
-        prompts = await self.store.read_prompts([pid for pid, _ in rows])
+        prompts = await self.store.prompts.read_prompts([pid for pid, _ in rows])
         groups = [(gid, pid, prompt or {}, results)
                   for gid, (pid, results), prompt in zip(gids, rows, prompts)]
         stats = BatchStats.model_validate_json(meta["stats"])
@@ -480,13 +489,13 @@ class Scheduler:
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""
-        already = await self.store.ack(self.clock(), batch_id, self.settings.retention_s)
+        already = await self.store.batches.ack(self.clock(), batch_id, self.settings.retention_s)
         return AckResponse(batch_id=batch_id, acked=True, already_acked=already)
 
     async def check_format(self) -> None:
         """Make the namespace's stored format this release's, migrating one written before
         formats were versioned (store/migrate.py); UnknownFormat for one it cannot read."""
-        outcome = await self.store.ensure_format()
+        outcome = await self.store.run.ensure_format()
         if outcome == "migrated":
             log.warning("namespace %r: moved to stored format %s", self.settings.namespace,
                         FORMAT_VERSION)
@@ -503,12 +512,12 @@ class Scheduler:
         if not self.format_checked:   # Redis was down when the process started
             await self.check_format()
         await self._refresh_levels()
-        expired = await self.store.expire_leases(now)
+        expired = await self.store.leases.expire_leases(now)
         collected = 0
         for _ in range(gc_rounds):
-            done = await self.store.collect_garbage(now, gc_batch)
+            done = await self.store.groups.collect_garbage(now, gc_batch)
             collected += done
             if done < gc_batch:
                 break
-        await self.store.prune_workers(now - self.settings.retention_s, gc_batch)
+        await self.store.run.prune_workers(now - self.settings.retention_s, gc_batch)
         return expired, collected

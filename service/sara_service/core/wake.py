@@ -7,7 +7,8 @@ probes or abandoned groups, leases expired, a batch took groups off the ready li
 added, the run resumed), 'batch' when groups became ready (or a drain began). One listener task
 per process reads the stream with a blocking XREAD on a connection of its own, so it never holds
 one the requests need, and wakes every local waiter of that kind: a script run by any replica
-wakes the polls of all of them.
+wakes the polls of all of them. Reading the stream is the store's (store/wake_stream.py); here
+is what a process does with what it reads.
 
 No notification is lost between a poll's check and its wait: the poll takes its `Ticket` before
 it runs its script, and the ticket fires for every entry added after that point. Should the
@@ -21,11 +22,11 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..store.wake_stream import WakeStream
 
 log = logging.getLogger("sara.service")
 KINDS = ("lease", "batch")
-MAXLEN = 64  # entries kept (approximately): the listener only ever needs the newest
 
 
 @dataclass
@@ -46,46 +47,14 @@ class Ticket:
         self.event = asyncio.Event()
 
 
-# A cluster client's connections keep the service's socket timeout (5 s), so its blocking read
-# must end well before that: at the full block every idle round would time out and leave the
-# polls on their fallback timer.
-CLUSTER_BLOCK_S = 2.0
-
-
-def _dedicated_client(client: Any, block_s: float) -> Any:
-    """A client on its own one-connection pool (a blocking read must not hold a connection that
-    requests need); the client itself where it has no plain pool (a cluster client routes the
-    stream's key to its node)."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        return client
-    kwargs = dict(pool.connection_kwargs)
-    timeout = kwargs.get("socket_timeout")
-    if timeout is not None:  # the read blocks up to block_s: the socket must wait longer
-        kwargs["socket_timeout"] = max(timeout, block_s + 5.0)
-    own = type(pool)(connection_class=pool.connection_class, max_connections=1, **kwargs)
-    return type(client)(connection_pool=own)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _field(fields: dict, name: str, default: str) -> str:
-    """A stream entry's field, whether the client decodes replies or not."""
-    return _text(fields.get(name.encode(), fields.get(name, default)))
-
-
 class Wakeups:
     """Local waiters of one namespace, woken by its wake stream."""
 
-    def __init__(self, client: Any, stream: str, block_s: float = 5.0) -> None:
-        self.client, self.stream, self.block_s = client, stream, block_s
+    def __init__(self, stream: WakeStream) -> None:
+        self.stream = stream
         self.stats = WakeStats()
         self._tickets: dict[str, set[Ticket]] = {kind: set() for kind in KINDS}
         self._listener: asyncio.Task | None = None
-        self._reader: Any = None
-        self._read_block_s = block_s
         self._started: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = 0
@@ -129,7 +98,7 @@ class Wakeups:
     @property
     def read_block_s(self) -> float:
         """How long one blocking read of the stream waits (shorter on a cluster client)."""
-        return self._read_block_s
+        return self.stream.block_s
 
     @property
     def tickets(self) -> int:
@@ -182,38 +151,28 @@ class Wakeups:
             self._listener.cancel()
             with contextlib.suppress(BaseException):
                 await self._listener
-        if self._reader is not None and self._reader is not self.client:
-            with contextlib.suppress(Exception):
-                await self._reader.aclose()
+        await self.stream.aclose()
 
     async def _ensure_listening(self) -> None:
         if self._started is None:
             self._loop = asyncio.get_running_loop()
             self._started = self._loop.create_future()
-            self._reader = _dedicated_client(self.client, self.block_s)
-            self._read_block_s = (self.block_s if self._reader is not self.client
-                                  else min(self.block_s, CLUSTER_BLOCK_S))
             self._listener = asyncio.create_task(self._listen(self._started))
         if not self._started.done():
             # the listener's starting point is set before any poll checks the store
             await asyncio.shield(self._started)
-
-    async def _last_id(self) -> str:
-        newest = await self._reader.xrevrange(self.stream, count=1)
-        return _text(newest[0][0]) if newest else "0-0"
 
     async def _listen(self, started: asyncio.Future) -> None:
         last: str | None = None
         while not self.stopping:
             try:
                 if last is None:
-                    last = await self._last_id()
+                    last = await self.stream.newest_id()
                     if not started.done():
                         started.set_result(None)
                     for kind in KINDS:  # entries may have been missed while it was away
                         self.fire(kind)
-                reply = await self._reader.xread({self.stream: last}, count=MAXLEN,
-                                                 block=int(self._read_block_s * 1000))
+                found = await self.stream.read(last)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - polls fall back to their timer meanwhile
@@ -223,18 +182,8 @@ class Wakeups:
                 last = None
                 await asyncio.sleep(1.0)
                 continue
-            for _, entries in reply or []:
-                lease, ready = False, None
-                for entry_id, fields in entries:
-                    last = _text(entry_id)
-                    kind = _field(fields, "w", "")
-                    if kind == "lease":
-                        lease = True
-                    elif kind == "batch":  # 'n': groups ready then; absent or -1: any size
-                        n = int(_field(fields, "n", "-1"))
-                        ready = -1 if n < 0 or (ready is not None and ready < 0) \
-                            else max(ready or 0, n)
-                if lease:
-                    self.fire("lease")
-                if ready is not None:
-                    self.fire("batch", ready)
+            last = found.last_id
+            if found.lease:
+                self.fire("lease")
+            if found.ready is not None:
+                self.fire("batch", found.ready)

@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sara_client.models_stats import Counters, Derived, Queues, StatsResponse
+from sara_client.models import Counters, Derived, Queues, StatsResponse
 
 # the 0.0.4 text format every Prometheus release reads (what /metrics always served)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

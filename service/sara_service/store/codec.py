@@ -24,6 +24,11 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def texts(raw: dict) -> dict[str, str]:
+    """A Redis hash as Redis answered it, as text on both sides."""
+    return {text(a): text(b) for a, b in raw.items()}
+
+
 def stored_int(value: Any, default: int = 0) -> int:
     """An integer as stored; also one Lua wrote as a double ('1e+17') or an older release let
     past 2**53 ('inf'), clamped to what the door now accepts, so a reader never fails on it."""

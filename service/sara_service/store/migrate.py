@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
+
+import redis.asyncio as aioredis
 
 from sara_client.limits import FLOOR_LOGPROB, MAX_STORED_INT, meta_problem
 
 from .codec import text
 from .errors import unavailable_on_redis_error
+from .keys import Keys
 from .redis_format import FORMAT_VERSION
 
 # counters an unversioned namespace kept under an earlier name
@@ -37,12 +40,21 @@ LOCK_TTL_S = 300
 SCAN_COUNT = 500
 
 
+class FormatStore(Protocol):
+    """What the check and the migration use of the run store (run.RunStore)."""
+
+    redis: aioredis.Redis
+    keys: Keys
+
+    async def migrate_run_wide(self, renamed_json: str, max_int: int) -> list[int]: ...
+
+
 class UnknownFormat(RuntimeError):
     """The namespace is written in a format this release does not read."""
 
 
 @unavailable_on_redis_error
-async def ensure_format(store: Any, wait_s: float = LOCK_TTL_S,
+async def ensure_format(store: FormatStore, wait_s: float = LOCK_TTL_S,
                         sleep: Callable[[float], Any] = asyncio.sleep) -> str:
     """Make the namespace's stored format this release's: 'current' when it already is,
     'fresh' for an empty namespace, 'migrated' when it was moved forward. UnknownFormat for a
@@ -86,7 +98,7 @@ def _check(stored: str) -> str:
     return "current"
 
 
-async def migrate(store: Any) -> dict[str, int]:
+async def migrate(store: FormatStore) -> dict[str, int]:
     """Move an unversioned namespace to format 1; returns how much each step changed."""
     keys = store.keys
     moved, reset, written = await store.migrate_run_wide(json.dumps(RENAMED_COUNTERS),

@@ -276,13 +276,15 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("refill_epoch", "epoch_queue epoch", "seen_epoch prompt_ids"),
     _spec("open_groups", "stats open_groups ready pending slots group_states group_prompt "
           "posteriors run_state prompts_off open_yield wake",
-          "now flow_target specs skipped audit_fraction seed", more_keys="group",
+          "now flow_target specs skipped audit_fraction seed floor_target floor_ready",
+          more_keys="group",
           library=("open",)),
     _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
           "group_prompt prompts worker_info policy run_state prompts_retired wake ready "
           "open_yield open_groups group_states posteriors prompts_off epoch_queue",
           "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit "
-          "flow_target plan audit_fraction seed group_ids", more_keys="group",
+          "flow_target plan audit_fraction seed group_ids floor_target floor_ready",
+          more_keys="group",
           library=("open",)),
     _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",
           "now worker_id lease_id expires_at key_ttl_s", replies=("unknown", "not_yours", "ok")),

@@ -2,7 +2,8 @@
 
 from fastapi import APIRouter, Response
 
-from sara_client.models import AckResponse, Batch, Identifier, NextBatchRequest
+from sara_client.limits import Identifier
+from sara_client.models import AckResponse, Batch, NextBatchRequest
 
 from . import json_response
 from ..deps import AUTH_RESPONSES, SchedulerDep, TrainerRole

@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter, Request
 
-from sara_client.models import (HeartbeatRequest, HeartbeatResponse, Identifier, LeaseRequest,
-                                LeaseResponse)
+from sara_client.limits import Identifier
+from sara_client.models import HeartbeatRequest, HeartbeatResponse, LeaseRequest, LeaseResponse
 
 from . import json_response
 from ..deps import AUTH_RESPONSES, SchedulerDep, WorkerRole, check_worker

@@ -3,8 +3,8 @@
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from sara_client.models import GroupOut, HealthResponse, Identifier
-from sara_client.models_stats import StatsResponse
+from sara_client.limits import Identifier
+from sara_client.models import GroupOut, HealthResponse, StatsResponse
 
 from ..deps import AUTH_RESPONSES, NON_JSON_AUTH_RESPONSES, NOT_FOUND, ReaderRole, SchedulerDep
 from ...errors import StoreUnavailable
@@ -57,7 +57,7 @@ async def healthz(request: Request):
 async def readyz(scheduler: SchedulerDep, request: Request):
     """Readiness: Redis answers."""
     try:
-        ok = await scheduler.store.ping()
+        ok = await scheduler.store.run.ping()
     except StoreUnavailable:
         ok = False
     request.app.state.redis_health.observe(ok)

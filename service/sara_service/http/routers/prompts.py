@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from sara_client.models import (AddPromptsRequest, AddPromptsResponse, Identifier, Posterior,
-                                PromptHistory, PromptOut)
-from sara_client.models_runctl import (MAX_PAGE, PromptPage, PromptStateRequest,
-                                       PromptStateResponse, PromptSummary)
+from sara_client.limits import Identifier
+from sara_client.models import (AddPromptsRequest, AddPromptsResponse, Posterior, PromptHistory,
+                                PromptOut, MAX_PAGE, PromptPage, PromptStateRequest,
+                                PromptStateResponse, PromptSummary)
 
 from ..deps import AUTH_RESPONSES, NOT_FOUND, AdminRole, OperatorRole, ReaderRole, SchedulerDep
 from ...store.codec import StoredPosterior
@@ -31,7 +31,7 @@ async def list_prompts(scheduler: SchedulerDep,
                        cursor: Annotated[int, Query(ge=0, le=MAX_CURSOR)] = 0,
                        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> PromptPage:
     """One page of prompts with their state and posteriors; follow `next_cursor`."""
-    nxt, page = await scheduler.store.list_prompts(cursor, limit)
+    nxt, page = await scheduler.store.prompts.list_prompts(cursor, limit)
     items = []
     for p in page:
         posterior, history = posterior_of(p.posterior, scheduler.settings)
@@ -45,7 +45,7 @@ async def list_prompts(scheduler: SchedulerDep,
             responses=NOT_FOUND)
 async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOut:
     """A prompt with its posterior and history."""
-    content, post = await scheduler.store.get_prompt(prompt_id)
+    content, post = await scheduler.store.prompts.get_prompt(prompt_id)
     posterior, history = posterior_of(post, scheduler.settings)
     return PromptOut(
         id=prompt_id, prompt=content["prompt"], answer=content.get("answer"),
@@ -58,7 +58,7 @@ async def get_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptOu
 async def set_prompt_state(prompt_id: Identifier, body: PromptStateRequest,
                            scheduler: SchedulerDep) -> PromptStateResponse:
     """Disable (never opened again; groups in flight finish) or re-enable a prompt."""
-    state = await scheduler.store.set_prompt_state("enable" if body.enabled else "disable",
+    state = await scheduler.store.prompts.set_prompt_state("enable" if body.enabled else "disable",
                                                    prompt_id)
     return PromptStateResponse(id=prompt_id, state=state)
 
@@ -68,7 +68,7 @@ async def set_prompt_state(prompt_id: Identifier, body: PromptStateRequest,
 async def delete_prompt(prompt_id: Identifier, scheduler: SchedulerDep) -> PromptStateResponse:
     """Remove a prompt and its posterior; groups in flight finish and are delivered. Adding
     the id again registers it afresh."""
-    state = await scheduler.store.set_prompt_state("delete", prompt_id)
+    state = await scheduler.store.prompts.set_prompt_state("delete", prompt_id)
     return PromptStateResponse(id=prompt_id, state=state)
 
 

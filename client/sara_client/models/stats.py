@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import Field
 
-from .models import AnswerModel, PolicyInfo
+from .base import AnswerModel
+from .policy import PolicyInfo
 
 
 class Counters(AnswerModel):
