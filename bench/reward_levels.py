@@ -18,6 +18,9 @@ SARA_EFFECTIVE=reward (effective: the rewards are not all equal) unless named `o
   has a closed form;
 - sara-audit: the same with audit_fraction 0.2, for the audit-sampling estimate of DS's spend;
 - ds-outcome, sara-outcome: the default view, where no group of this pool is ever effective;
+- sara-auto: tau_low = "auto", the cost-aware threshold from the pool model of level chances the
+  scheduler learns as it runs (`autotau.level_thresholds`), no audits; set beside the best fixed
+  threshold for this pool, found by knowing every prompt's chances (`best_fixed`);
 - ds-mopps, sara-mopps (not run by default): ds and sara on prompts picked by MoPPS under the
   reward view (a Thompson sample of each candidate's chances over the levels, the best of 8 per
   pick); they visit prompts unevenly, so no closed form.
@@ -61,6 +64,8 @@ METHODS = {
     "ds": {"policy": "dynamic_sampling", "effective": "reward"},
     "sara": {"policy": "sara", "effective": "reward", "audit_fraction": 0.0},
     "sara-audit": {"policy": "sara", "effective": "reward", "audit_fraction": 0.2},
+    "sara-auto": {"policy": "sara", "effective": "reward", "audit_fraction": 0.0,
+                  "tau_low": "auto"},
     "ds-outcome": {"policy": "dynamic_sampling", "effective": "outcome"},
     "sara-outcome": {"policy": "sara", "effective": "outcome", "audit_fraction": 0.0},
     "ds-mopps": {"policy": "dynamic_sampling", "effective": "reward", "selection": "mopps"},
@@ -81,14 +86,28 @@ def make_pool(prompts: int, levels: int, concentration: float, seed: int) -> lis
     return pool
 
 
-def exact(pool: list[list[float]], k: int, threshold: int) -> dict[str, float]:
-    """Closed-form rollouts per effective group of DS and SARA on `pool` (module docstring)."""
-    ds_eff = sum(1 - sum(p**k for p in pi) for pi in pool) / len(pool)
+def sara_exact(pool: list[list[float]], k: int, threshold: int) -> float:
+    """Closed-form rollouts per effective group of SARA abandoning after `threshold` equal
+    rewards (k + 1: never) on `pool` (module docstring)."""
     t = min(threshold, k)
     pure_t = [sum(p**t for p in pi) for pi in pool]
     cost = sum(t * q + k * (1 - q) for q in pure_t) / len(pool)
-    sara_eff = sum(1 - q for q in pure_t) / len(pool)
-    return {"ds": k / ds_eff, "sara": cost / sara_eff, "p_not_all_equal": ds_eff}
+    return cost / (sum(1 - q for q in pure_t) / len(pool))
+
+
+def best_fixed(pool: list[list[float]], k: int) -> tuple[int, float]:
+    """The fixed threshold with the fewest rollouts per effective group on `pool`, and that
+    figure: the best any one threshold can do, for a rule that knew every prompt's chances."""
+    return min(((t, sara_exact(pool, k, t)) for t in range(1, k + 2)), key=lambda x: x[1])
+
+
+def exact(pool: list[list[float]], k: int, threshold: int) -> dict[str, float]:
+    """Closed-form rollouts per effective group of DS and SARA on `pool` (module docstring),
+    and the best fixed threshold's."""
+    ds_eff = sum(1 - sum(p**k for p in pi) for pi in pool) / len(pool)
+    best_t, best = best_fixed(pool, k)
+    return {"ds": k / ds_eff, "sara": sara_exact(pool, k, threshold), "p_not_all_equal": ds_eff,
+            "best_fixed_threshold": best_t, "best_fixed": best}
 
 
 def draw_level(rng: random.Random, chances: list[float]) -> int:
@@ -121,9 +140,9 @@ async def run_method(name: str, pool: list[list[float]], rewards: list[float], a
     """One run through the service; its counters and the delivered groups' reward sets."""
     import sara_client
 
-    settings = dict(METHODS[name], group_size=args.k, tau_low=0.5, batch_size=16,
-                    prefetch_batches=4, reward_tolerance=args.tolerance,
-                    reward_levels=len(rewards), seed=args.seed)
+    settings = dict(group_size=args.k, tau_low=0.5, batch_size=16, prefetch_batches=4,
+                    reward_tolerance=args.tolerance, reward_levels=len(rewards), seed=args.seed)
+    settings.update(METHODS[name])
     unstick = None
     try:
         with tempfile.TemporaryDirectory(prefix="sara-bench-") as tmp:
@@ -166,7 +185,8 @@ def _summary(name: str, stats, delivered: list) -> dict:
             "ds_estimate": d.ds_rollouts_per_effective_group,
             "ds_estimate_interval": [d.ds_rollouts_per_effective_group_low,
                                      d.ds_rollouts_per_effective_group_high],
-            "warnings": stats.warnings}
+            "warnings": stats.warnings,
+            "auto_threshold": (stats.auto_thresholds or {}).get("abandon_after_failures")}
 
 
 def _table(rows: list[dict], figures: dict[str, float]) -> list[str]:
@@ -239,6 +259,10 @@ def _report(doc: dict) -> list[str]:
             f"P(not all equal) over the pool = {f['p_not_all_equal']:.4f}; SARA's threshold: "
             f"abandon after {doc['threshold']} equal rewards; exact DS = {f['ds']:.3f} "
             "(the DS estimate's target)",
+            f"best fixed threshold, knowing every prompt's chances: abandon after "
+            f"{f['best_fixed_threshold']} ({f['best_fixed']:.3f} rollouts per effective group)",
+            *[f"{r['method']}: threshold in force at the end: {r['auto_threshold']}"
+              for r in doc["rows"] if r.get("auto_threshold") is not None],
             *_table(doc["rows"], f)]
 
 

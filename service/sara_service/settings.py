@@ -19,8 +19,8 @@ EffectiveView = Literal["outcome", "reward"]
 AutoPrice = Literal["rollouts", "tokens"]
 # what the reward view cannot run with yet, and why (refused at start: never silently wrong)
 REWARD_VIEW_REFUSES = {
-    "tau_low=auto": "its price model (autotau) is a pool of success rates",
     "prior=history": "per-prompt plans would need a table per level",
+    "auto_price=tokens": "token lengths are learned per outcome, not per reward level",
 }
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
 DEFAULT_HALF_LIFE = 4.0
@@ -191,12 +191,13 @@ class Settings(BaseSettings):
         """Refuse what the reward view does not support, and a plan that skips every prompt."""
         from .math.reward_levels import level_table, plan_levels
 
-        chosen = {"tau_low=auto": self.tau_low == "auto", "prior=history": self.prior == "history"}
+        chosen = {"prior=history": self.prior == "history",
+                  "auto_price=tokens": self.auto_price == "tokens"}
         refused = [name for name, on in chosen.items() if on]
         if refused:
             why = "; ".join(f"{name}: {REWARD_VIEW_REFUSES[name]}" for name in refused)
             raise ValueError(f"SARA_EFFECTIVE=reward does not support {', '.join(refused)} ({why})"
-                             "; use a fixed SARA_TAU_LOW and SARA_PRIOR=uniform, or "
+                             "; use SARA_PRIOR=uniform and SARA_AUTO_PRICE=rollouts, or "
                              "SARA_EFFECTIVE=outcome")
         if self.selection == "mopps" and self.mopps_target != 0.5:
             raise ValueError(
@@ -209,6 +210,8 @@ class Settings(BaseSettings):
                 "SARA_EFFECTIVE=reward uses a symmetric Dirichlet prior (SARA_PRIOR_ALPHA for "
                 f"every level), but SARA_PRIOR_BETA={self.prior_beta:g} differs from "
                 f"SARA_PRIOR_ALPHA={self.prior_alpha:g}: set them equal")
+        if self.tau_low == "auto":
+            return self       # the cost-aware plan never skips a fresh prompt
         plan = plan_levels(self.policy, self.group_size, self.reward_levels, self.prior_alpha,
                            float(self.tau_low))
         if plan.skip:

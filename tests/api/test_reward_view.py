@@ -187,5 +187,5 @@ async def test_mopps_selection_prefers_prompts_whose_rewards_differ(make_api):
 async def test_the_reward_view_is_refused_with_what_it_cannot_run(make_app):
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="does not support tau_low=auto"):
-        make_app(effective="reward", tau_low="auto")
+    with pytest.raises(ValidationError, match="does not support prior=history"):
+        make_app(effective="reward", prior="history")

@@ -136,3 +136,34 @@ def test_the_pool_model_sees_the_evidence_decayed_by_the_half_life(monkeypatch):
     never = AutoPricer(Settings(tau_low="auto", posterior_half_life=float("inf")))
     asyncio.run(never.refresh(store, version=0))
     assert seen[-1] == [pytest.approx((6.0, 2.0))]
+
+
+def _level_settings(**over) -> Settings:
+    return Settings(tau_low="auto", effective="reward", reward_tolerance=0.01, **over)
+
+
+def test_under_the_reward_view_the_evidence_is_one_row_per_level_in_use_decayed():
+    s = _level_settings(posterior_decay=0.5)
+    pricer = AutoPricer(s, levels=3)
+    posts = [StoredPosterior(alpha=3.0, beta=1.0, version=0, clock=0.0,
+                             level_counts={"0": 4.0, "10": 2.0}),
+             StoredPosterior()]      # nothing stored yet: no rows
+    # one policy version since: the counts weigh 0.5, as the scheduler's _level_alphas has it
+    rows = pricer._evidence(posts, version=1, clock=0.0)
+    assert rows == [(2.0, 1.0), (1.0, 2.0), (0.0, 3.0)]
+
+
+def test_under_the_reward_view_a_new_level_restarts_from_its_prior_and_refits_next():
+    pricer, store = AutoPricer(_level_settings(), levels=2), FakeStore()
+    assert pricer.fresh_plan().after_failures == 9   # Dirichlet(1, 1): never give up
+    store.posteriors = [StoredPosterior(alpha=9.0, beta=1.0, version=0, clock=0.0,
+                                        level_counts={"0": 8.0}) for _ in range(200)]
+    assert _refresh(pricer, store)
+    learned = pricer.fresh_plan().after_failures
+    assert learned < 9            # every prompt gives one level: runs are telling
+    assert not _refresh(pricer, store)               # too soon for another refit
+    pricer.set_levels(3)
+    assert pricer.levels == 3 and pricer.model == pricer.prior
+    assert pricer.rho == pricer.prior_rho
+    assert _refresh(pricer, store)                   # refits at once, with rows for 3 levels
+    assert pricer.snapshot()["reward_levels"] == 3

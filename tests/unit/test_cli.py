@@ -369,9 +369,9 @@ def test_serve_takes_the_effective_view(monkeypatch, flag):
 
 
 def test_serve_refuses_what_the_reward_view_cannot_run():
-    result = runner.invoke(cli.app, ["serve", "--effective", "reward", "--tau-low", "auto"])
+    result = runner.invoke(cli.app, ["serve", "--effective", "reward", "--prior", "history"])
     assert result.exit_code == 2
-    assert "invalid settings" in result.output and "tau_low=auto" in result.output
+    assert "invalid settings" in result.output and "prior=history" in result.output
 
 
 def test_worker_token_prints_the_token_the_scheduler_derives(monkeypatch):

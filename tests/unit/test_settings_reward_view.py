@@ -9,8 +9,8 @@ from sara_service.settings import Settings
 
 
 @pytest.mark.parametrize("over,named", [
-    ({"tau_low": "auto"}, "tau_low=auto"),
     ({"prior": "history"}, "prior=history"),
+    ({"tau_low": "auto", "auto_price": "tokens"}, "auto_price=tokens"),
 ])
 def test_what_the_reward_view_cannot_run_is_refused(over, named):
     with pytest.raises(ValidationError) as info:
@@ -19,6 +19,12 @@ def test_what_the_reward_view_cannot_run_is_refused(over, named):
     assert f"SARA_EFFECTIVE=reward does not support {named}" in message
     assert "SARA_EFFECTIVE=outcome" in message
     Settings(effective="outcome", **over)   # the outcome view still runs it
+
+
+def test_the_cost_aware_threshold_runs_under_the_reward_view_and_never_skips_a_fresh_prompt():
+    # k = 2 would skip every prompt at tau_low = 0.5 (below); "auto" starts every fresh prompt
+    assert Settings(effective="reward", tau_low="auto").tau_low == "auto"
+    assert Settings(effective="reward", tau_low="auto", group_size=2).group_size == 2
 
 
 def test_a_mopps_target_other_than_one_half_is_refused_under_the_reward_view():

@@ -24,6 +24,12 @@ whole run until the window holds `MIN_LENGTH_SAMPLES` of each; `settings.max_tok
 before any, which prices every rollout alike: the rollout plan). ρ is then tokens generated per
 committed group, shrunk toward the model's fixed point in tokens.
 
+Under ``SARA_EFFECTIVE=reward`` (`levels` set) the pool model is one of level chances: each
+prompt gives one row per level in use (its decayed rollouts at the level, and elsewhere;
+`autotau.level_evidence`), the prior is the symmetric Dirichlet's marginal, and the plan is
+`autotau.level_thresholds`'s one threshold for every level. When the run sees a new level
+(`set_levels`) the prior and the price start again from L + 1 and the next refresh refits.
+
 Each replica keeps its own copy; replicas of one namespace read the same counters and
 posteriors, so they agree up to when each last refitted. Plans are cached per ρ rounded to 0.1
 rollouts (in tokens: to a tenth of a mean rollout): the plan is a step function of ρ, and finer
@@ -36,8 +42,10 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from ..math.allocation import GroupPlan, decay_posterior, plan_group
-from ..math.autotau import PoolModel, TokenLengths, fit_pool, fixed_point_rho
+from ..math.allocation import GroupPlan, decay_posterior, decay_weight, plan_group
+from ..math.autotau import (PoolModel, TokenLengths, fit_pool, fixed_point_rho, level_evidence,
+                            level_pool_prior)
+from ..math.reward_levels import plan_levels_auto
 from ..store.codec import StoredPosterior
 from ..settings import Settings
 from ..store.store import Store
@@ -55,23 +63,44 @@ TOKEN_COUNTERS = ("tokens_generated", "learned_success_rollouts", "learned_succe
 class AutoPricer:
     """ρ and the pool model in force under tau_low=auto, and the plans they give."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, levels: int | None = None) -> None:
+        """`levels`: the reward levels in use under SARA_EFFECTIVE=reward; None: the outcome
+        view's pool of success rates."""
         s = settings
         self.settings = s
         self.fill = s.commit == "complete"
         self.tokens = s.auto_price == "tokens"
         # before any rollout is seen, every rollout is priced alike: the rollout plan, in tokens
         self.lengths = TokenLengths(s.max_tokens, s.max_tokens) if self.tokens else None
-        self.prior = PoolModel.beta(s.prior_alpha, s.prior_beta)
-        self.model = self.prior
-        self.prior_rho = fixed_point_rho(self.prior, s.group_size, self.fill, s.tau_floor,
-                                         lengths=self.lengths)
-        self.model_rho = self.rho = self.prior_rho
         self.live_rho: float | None = None
         self.refits = 0
         self._fitted_at: int | None = None
         self._window: deque[dict[str, int]] = deque(maxlen=WINDOW + 1)
         self._plans: dict[float, GroupPlan] = {}
+        self.levels = levels
+        self._start_from_prior()
+
+    def _start_from_prior(self) -> None:
+        """The model and price before anything is learned (again after a new level is seen)."""
+        s = self.settings
+        if self.levels is None:
+            self.prior = PoolModel.beta(s.prior_alpha, s.prior_beta)
+        else:
+            self.prior = level_pool_prior(s.prior_alpha, self.levels)
+        self.model = self.prior
+        self.prior_rho = fixed_point_rho(self.prior, s.group_size, self.fill, s.tau_floor,
+                                         lengths=self.lengths, levels=self.levels)
+        self.model_rho = self.prior_rho
+        self.set_price(self.prior_rho)
+
+    def set_levels(self, levels: int) -> None:
+        """The reward view saw a new level: plan for `levels` from the prior again, and refit at
+        the next refresh (the fitted model has no rows for the new level)."""
+        if self.levels is None or levels == self.levels:
+            return
+        self.levels = levels
+        self._fitted_at = None
+        self._start_from_prior()
 
     def set_price(self, rho: float) -> None:
         """Put a price in force (the refit does this; tests inject one)."""
@@ -90,7 +119,12 @@ class AutoPricer:
         """The plan of a prompt with no evidence of its own: one per rounded ρ."""
         key = self.price_key()
         plan = self._plans.get(key)
-        if plan is None:
+        if plan is None and self.levels is not None:
+            s = self.settings
+            plan = plan_levels_auto(s.group_size, self.levels, self.model, key, self.fill,
+                                    s.tau_floor)
+            self._plans[key] = plan
+        elif plan is None:
             s = self.settings
             plan = plan_group("sara", s.group_size, s.prior_alpha, s.prior_beta, "auto",
                               rho=key, tau_floor=s.tau_floor, pool=self.model, fill=self.fill,
@@ -126,7 +160,7 @@ class AutoPricer:
             self.lengths = self._window_lengths()
         s = self.settings
         self.model_rho = fixed_point_rho(self.model, s.group_size, self.fill, s.tau_floor,
-                                         lengths=self.lengths)
+                                         lengths=self.lengths, levels=self.levels)
         spent_field = "tokens_generated" if self.tokens else "rollouts_completed"
         spent = self._window[-1][spent_field] - self._window[0][spent_field]
         effective = self._window[-1]["groups_committed"] - self._window[0]["groups_committed"]
@@ -160,13 +194,18 @@ class AutoPricer:
                   ) -> list[tuple[float, float]]:
         """Each posterior's evidence decayed to now, as the scheduler decays it when it plans a
         group: per policy version since `version`'s and by the half-life in epochs of the pool
-        since its `clock` reading (store.pool_clock)."""
+        since its `clock` reading (store.pool_clock). Under the reward view, its level rows."""
         s = self.settings
-        out = []
+        out: list[tuple[float, float]] = []
         for post in posteriors:
             if not post.has_evidence:
                 continue
             versions, epochs = post.age(version, clock)
+            if self.levels is not None:
+                weight = decay_weight(s.posterior_decay, versions, s.posterior_half_life, epochs)
+                counts = [weight * c for c in post.level_counts.values()]
+                out += level_evidence(counts, self.levels) if counts else []
+                continue
             a, b = decay_posterior(post.alpha, post.beta, s.prior_alpha, s.prior_beta,
                                    s.posterior_decay, versions, s.posterior_half_life, epochs)
             out.append((a - s.prior_alpha, b - s.prior_beta))
@@ -182,6 +221,7 @@ class AutoPricer:
                 "tokens_success": lengths.success if lengths else None,
                 "tokens_failure": lengths.failure if lengths else None,
                 "pool_mean_success": self.model.mean(),
+                "reward_levels": self.levels,
                 "abandon_after_failures": plan.after_failures,
                 "abandon_after_successes": plan.after_successes,
                 "tau_floor": self.settings.tau_floor}

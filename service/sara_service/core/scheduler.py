@@ -88,13 +88,14 @@ class Scheduler:
         self.wakeups = Wakeups(WakeStream(store.redis, store.keys.wake))
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
-        # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
-        # ignore τ, so they keep the fixed plan.
-        self.auto = AutoPricer(s) if s.tau_low == "auto" and s.policy == "sara" else None
         # Under SARA_EFFECTIVE=reward plans are the Dirichlet's over the levels in use, which
-        # grow as the run sees new ones (`_refresh_levels`); settings refuse auto and history.
+        # grow as the run sees new ones (`_refresh_levels`); settings refuse prior=history.
         self.reward_view = s.effective == "reward"
         self._levels = levels_in_use(s.reward_levels, 0)
+        # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
+        # ignore τ, so they keep the fixed plan.
+        self.auto = (AutoPricer(s, self._levels if self.reward_view else None)
+                     if s.tau_low == "auto" and s.policy == "sara" else None)
         self._known_levels: set[str] = set()  # levels this process has reported or read
         self._warned_non_binary = False  # this process has told the store (the log says it once)
         # With a uniform prior every group of a run has the same plan: compute it once (under
@@ -125,7 +126,11 @@ class Scheduler:
         levels = levels_in_use(self.settings.reward_levels, seen)
         if levels != self._levels:
             self._levels = levels
-            self._prior_plan = self._fixed_plan()
+            if self.auto is not None:
+                self.auto.set_levels(levels)
+                self._prior_plan = self.auto.fresh_plan()
+            else:
+                self._prior_plan = self._fixed_plan()
 
     @property
     def flow_target(self) -> int:

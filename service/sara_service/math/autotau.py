@@ -39,6 +39,15 @@ tokens, c(n) = h(n)·L_other + (1 - h(n))·L_side, r(n) the expected tokens of t
 rollouts a group that turns mixed still costs (each a success with the pool model's posterior
 mean after the prefix), and ρ is tokens per effective group. With L_s = L_f = L every term is
 L times the rollout DP's at ρ / L, so the thresholds are the same.
+
+The reward view (``SARA_EFFECTIVE=reward``, `level_thresholds`): a group is mixed once two of
+its rewards differ in level, so a pure prefix is a run at one level, and what breaks it is any
+other level. The pool model is then the distribution of q, the chance of one level, over every
+(prompt, level) pair in use, fitted by the same EM to rows (rollouts at the level, rollouts
+elsewhere) (`level_evidence`); before anything is learned it is the symmetric Dirichlet's
+marginal, Beta(α0, (L-1)α0) (`level_pool_prior`). A run of n at a level is the binary rule's
+run of successes at rate q, so the same DP on that one side gives the one threshold every level
+shares. Token prices are not kept per level, so the reward view prices in rollouts only.
 """
 
 from __future__ import annotations
@@ -244,25 +253,27 @@ def expected_cost_and_yield(model: PoolModel, k: int, t_f: int, t_s: int,
         return 0.0, 0.0
     cost = mixed = 0.0
     for w, g in zip(model.weights, GRID):
-        cost_g, mixed_g = _one_rate(g, k, t_f, t_s, fill, lengths)
+        cost_g, mixed_g = _one_side(g, k, t_f, fill, True, lengths)
+        cost_g, mixed_g = _one_side(g, k, t_s, fill, False, lengths, cost_g, mixed_g)
         cost += w * cost_g
         mixed += w * mixed_g
     return cost, mixed
 
 
-def _one_rate(g: float, k: int, t_f: int, t_s: int, fill: bool,
-              lengths: TokenLengths | None) -> tuple[float, float]:
-    cost = mixed = 0.0
-    for failing, limit in ((True, t_f), (False, t_s)):
-        stay, other = (1.0 - g, g) if failing else (g, 1.0 - g)
-        last = min(limit, k)
-        for n in range(1, last):          # a run of n, then the switch at rollout n + 1
-            p = stay ** n * other
-            mixed += p
-            cost += p * _mixed_cost(g, k, n, fill, failing, lengths)
-        # abandoned at the threshold, or complete and pure
-        run = 1 if lengths is None else (lengths.failure if failing else lengths.success)
-        cost += stay ** last * last * run
+def _one_side(g: float, k: int, limit: int, fill: bool, failing: bool,
+              lengths: TokenLengths | None, cost: float = 0.0, mixed: float = 0.0
+              ) -> tuple[float, float]:
+    """(cost, P(mixed)) of the groups whose first outcome lands on one side, at rate g, added
+    to `cost` and `mixed` (the two sides accumulate in one sum, in this order)."""
+    stay, other = (1.0 - g, g) if failing else (g, 1.0 - g)
+    last = min(limit, k)
+    for n in range(1, last):          # a run of n, then the switch at rollout n + 1
+        p = stay ** n * other
+        mixed += p
+        cost += p * _mixed_cost(g, k, n, fill, failing, lengths)
+    # abandoned at the threshold, or complete and pure
+    run = 1 if lengths is None else (lengths.failure if failing else lengths.success)
+    cost += stay ** last * last * run
     return cost, mixed
 
 
@@ -278,22 +289,90 @@ def _mixed_cost(g: float, k: int, n: int, fill: bool, failing: bool,
 
 
 def fixed_point_rho(model: PoolModel, k: int, fill: bool = True, floor: float | None = None,
-                    iterations: int = 64, lengths: TokenLengths | None = None) -> float:
+                    iterations: int = 64, lengths: TokenLengths | None = None,
+                    levels: int | None = None) -> float:
     """The ρ the model's own thresholds achieve when derived at that ρ (Dinkelbach's iteration
     from what Dynamic Sampling pays): the starting price before the pool has yielded anything.
-    `lengths` given: in tokens per effective group, for the token-priced rule."""
-    cost, mixed = expected_cost_and_yield(model, k, k + 1, k + 1, fill, lengths)
+    `lengths` given: in tokens per effective group, for the token-priced rule. `levels` given:
+    the reward view's rule (`level_thresholds`), `model` then being the pool of level chances."""
+    def cost_and_yield(t_f: int, t_s: int) -> tuple[float, float]:
+        if levels is None:
+            return expected_cost_and_yield(model, k, t_f, t_s, fill, lengths)
+        return level_cost_and_yield(model, k, t_f, fill)
+
+    def plan_at(rho: float) -> AutoThresholds:
+        if levels is None:
+            return auto_thresholds(model, k, rho, fill, floor, allow_skip=False, lengths=lengths)
+        return level_thresholds(model, k, rho, levels, fill, floor)
+
+    cost, mixed = cost_and_yield(k + 1, k + 1)
     if mixed <= 0.0:
         raise ValueError("the model gives no chance of a mixed group: no price exists")
     rho = cost / mixed
     for _ in range(iterations):
-        plan = auto_thresholds(model, k, rho, fill, floor, allow_skip=False, lengths=lengths)
-        cost, mixed = expected_cost_and_yield(model, k, plan.after_failures,
-                                              plan.after_successes, fill, lengths)
+        plan = plan_at(rho)
+        cost, mixed = cost_and_yield(plan.after_failures, plan.after_successes)
         if mixed <= 0.0 or cost / mixed >= rho * (1.0 - 1e-12):
             break                          # no further improvement: this is the fixed point
         rho = cost / mixed
     return rho
+
+
+# ----------------------------------------------------------------------------- the reward view
+
+
+def level_pool_prior(alpha0: float, levels: int) -> PoolModel:
+    """The reward view's pool model before anything is learned: the chance of one level under
+    the symmetric Dirichlet(alpha0, ..., alpha0) over `levels` levels, Beta(alpha0, (L-1)alpha0),
+    discretised."""
+    if levels < 2:
+        raise ValueError(f"the reward view plans for at least 2 levels, got {levels!r}")
+    return PoolModel.beta(alpha0, (levels - 1) * alpha0)
+
+
+def level_evidence(level_counts: list[float], levels: int) -> list[tuple[float, float]]:
+    """One prompt's rows for `fit_pool` under the reward view: (rollouts at level j, rollouts
+    elsewhere) for each of the `levels` levels in use (those it never produced count 0)."""
+    counts = list(level_counts) + [0.0] * max(0, levels - len(level_counts))
+    total = math.fsum(counts)
+    return [(c, total - c) for c in counts]
+
+
+def level_thresholds(model: PoolModel, k: int, rho: float, levels: int, fill: bool = True,
+                     floor: float | None = None) -> AutoThresholds:
+    """The cost-aware plan of the reward view (see the module docstring's price; here a group
+    is mixed once two of its rewards differ in level).
+
+    `model` is the pool's distribution of q, the chance of one level of one prompt, over every
+    (prompt, level) pair in use (`level_evidence` rows). A pure prefix of n at some level is the
+    success side of the binary rule with q as the success rate: P(run of n) = L·E[q^n] summed
+    over the L levels of a prompt, so h(n) = 1 - E[q^(n+1)] / E[q^n] whatever the level, and one
+    threshold serves every level (as the fixed-τ plan of the symmetric Dirichlet). Both of the
+    returned thresholds and tables are that one side's (the Lua reads the failure side's under
+    the reward view); entry 0 of the table is P(a group's rewards differ) = 1 - L·E[q^k]. A
+    fresh prompt is never skipped: the first rollout always starts a run.
+    """
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho must be finite and > 0, got {rho!r}")
+    logs = stay_logs(model, k, False)
+    table = p_eff_table(logs, k)
+    table[0] = min(1.0, max(0.0, 1.0 - levels * math.exp(logs[k])))
+    side = side_values(logs, k, rho, fill, _allowed(table, floor))
+    return AutoThresholds(side.threshold, side.threshold, tuple(table), tuple(table),
+                          -1.0 + side.value_at_one)
+
+
+def level_cost_and_yield(model: PoolModel, k: int, threshold: int, fill: bool = True
+                         ) -> tuple[float, float]:
+    """(E[rollouts], P(mixed)) of one group under the reward view's `threshold`, per level in
+    use: a prompt's figures are L times these (each of its L levels starts a run with chance
+    q_j), so their ratio is the rollouts per effective group."""
+    cost = mixed = 0.0
+    for w, g in zip(model.weights, GRID):
+        cost_g, mixed_g = _one_side(g, k, threshold, fill, False, None)
+        cost += w * cost_g
+        mixed += w * mixed_g
+    return cost, mixed
 
 
 def fit_pool(evidence: list[tuple[float, float]], prior: PoolModel, prior_weight: float = 32.0,

@@ -28,6 +28,9 @@ level then has the same table, and one threshold serves whichever level a group 
 ``max(SARA_REWARD_LEVELS, levels seen in the run so far)`` (`levels_in_use`): it grows as new
 levels appear, and a larger L makes SARA slower to abandon (a new level is likelier), which is
 the safe direction.
+
+Under tau_low = "auto" the threshold is the cost-aware one of `autotau.level_thresholds`
+(`plan_levels_auto`), from a pool model of level chances the scheduler learns as it goes.
 """
 
 from __future__ import annotations
@@ -132,6 +135,24 @@ def plan_levels(policy: str, k: int, levels: int, alpha0: float, tau_low: float)
     abandons a group whose first `thr_f` results share a level, whichever level it is."""
     table = level_table(k, levels, alpha0)
     return plan_from_tables(policy, k, table, table, tau_low)
+
+
+def plan_levels_auto(k: int, levels: int, pool: object, rho: float, fill: bool = True,
+                     floor: float | None = None) -> GroupPlan:
+    """SARA's plan under tau_low = "auto" in the reward view: the cost-aware threshold of
+    `autotau.level_thresholds` at price `rho` on `pool` (an autotau.PoolModel of level chances),
+    the same on both pure sides as `plan_levels`'s; a fresh prompt is never skipped."""
+    # imported here, as allocation does: only "auto" runs need the heavier module
+    from .autotau import PoolModel, level_thresholds
+
+    if not isinstance(pool, PoolModel):
+        raise ValueError(f"pool must be an autotau.PoolModel, got {type(pool).__name__}")
+    auto = level_thresholds(pool, k, rho, levels_in_use(levels, 0), fill, floor)
+    limit = min(auto.after_failures, k)
+    table = auto.p_eff_fail[: limit + 1]
+    return GroupPlan(policy="sara", k=k, after_failures=auto.after_failures,
+                     after_successes=auto.after_successes, initial_issue=limit,
+                     p_eff_fail=table, p_eff_success=table, deliver_saturated=False)
 
 
 def decide_levels(prefix: Sequence[int], k: int, levels: int, alpha0: float,
