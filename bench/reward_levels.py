@@ -21,6 +21,9 @@ SARA_EFFECTIVE=reward (effective: the rewards are not all equal) unless named `o
 - sara-auto: tau_low = "auto", the cost-aware threshold from the pool model of level chances the
   scheduler learns as it runs (`autotau.level_thresholds`), no audits; set beside the best fixed
   threshold for this pool, found by knowing every prompt's chances (`best_fixed`);
+- sara-history, sara-mopps-history (not run by default): sara with each prompt planned from its
+  own Dirichlet (SARA_PRIOR=history: a threshold per level it produced, and a skip when its
+  rewards are unlikely to differ), alone and on MoPPS's prompts;
 - ds-mopps, sara-mopps (not run by default): ds and sara on prompts picked by MoPPS under the
   reward view (a Thompson sample of each candidate's chances over the levels, the best of 8 per
   pick); they visit prompts unevenly, so no closed form.
@@ -71,6 +74,10 @@ METHODS = {
     "ds-mopps": {"policy": "dynamic_sampling", "effective": "reward", "selection": "mopps"},
     "sara-mopps": {"policy": "sara", "effective": "reward", "audit_fraction": 0.0,
                    "selection": "mopps"},
+    "sara-history": {"policy": "sara", "effective": "reward", "audit_fraction": 0.0,
+                     "prior": "history"},
+    "sara-mopps-history": {"policy": "sara", "effective": "reward", "audit_fraction": 0.0,
+                           "selection": "mopps", "prior": "history"},
 }
 DEFAULT_METHODS = ("ds", "sara", "sara-audit", "ds-outcome", "sara-outcome")
 

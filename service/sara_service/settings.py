@@ -19,7 +19,8 @@ EffectiveView = Literal["outcome", "reward"]
 AutoPrice = Literal["rollouts", "tokens"]
 # what the reward view cannot run with yet, and why (refused at start: never silently wrong)
 REWARD_VIEW_REFUSES = {
-    "prior=history": "per-prompt plans would need a table per level",
+    "prior=history with tau_low=auto": "the cost-aware rule plans one threshold for every "
+                                       "level, from the pool",
     "auto_price=tokens": "token lengths are learned per outcome, not per reward level",
 }
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
@@ -191,14 +192,15 @@ class Settings(BaseSettings):
         """Refuse what the reward view does not support, and a plan that skips every prompt."""
         from .math.reward_levels import level_table, plan_levels
 
-        chosen = {"prior=history": self.prior == "history",
+        chosen = {"prior=history with tau_low=auto": (self.prior == "history"
+                                                      and self.tau_low == "auto"),
                   "auto_price=tokens": self.auto_price == "tokens"}
         refused = [name for name, on in chosen.items() if on]
         if refused:
             why = "; ".join(f"{name}: {REWARD_VIEW_REFUSES[name]}" for name in refused)
             raise ValueError(f"SARA_EFFECTIVE=reward does not support {', '.join(refused)} ({why})"
-                             "; use SARA_PRIOR=uniform and SARA_AUTO_PRICE=rollouts, or "
-                             "SARA_EFFECTIVE=outcome")
+                             "; use SARA_PRIOR=uniform (or a fixed SARA_TAU_LOW) and "
+                             "SARA_AUTO_PRICE=rollouts, or SARA_EFFECTIVE=outcome")
         if self.selection == "mopps" and self.mopps_target != 0.5:
             raise ValueError(
                 f"SARA_MOPPS_TARGET={self.mopps_target:g} is a success rate, and the reward view "

@@ -10,6 +10,7 @@ under the reward view groups whose formats differ are delivered, and only those.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 
 import pytest
@@ -187,5 +188,39 @@ async def test_mopps_selection_prefers_prompts_whose_rewards_differ(make_api):
 async def test_the_reward_view_is_refused_with_what_it_cannot_run(make_app):
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="does not support prior=history"):
-        make_app(effective="reward", prior="history")
+    with pytest.raises(ValidationError, match="does not support prior=history with tau_low=auto"):
+        make_app(effective="reward", prior="history", tau_low="auto")
+
+
+async def test_per_prompt_plans_learn_which_prompts_give_one_level(make_api):
+    """SARA_PRIOR=history under the reward view: each prompt's plan is its own Dirichlet's, so
+    a prompt that always gives 0.1 comes to be skipped, one whose formats vary gets a threshold
+    per level it produced (stored in its groups' `lp`), and what is delivered still has
+    differing rewards."""
+    api = await make_api(effective="reward", reward_tolerance=0.01, prior="history",
+                         batch_size=4, prefetch_batches=2)
+    await api.add(*[prompt_spec(f"s{i}", "fail") for i in range(16)],
+                  *[prompt_spec(f"v{i}", "fail") for i in range(16)])
+
+    def reward(r: dict) -> float:
+        return 0.1 if r["prompt_id"].startswith("s") else shaped(r["rollout_id"])
+
+    delivered = []
+    for _ in range(60):
+        lease = await api.lease("w1", 64)
+        if lease["rollouts"]:
+            await api.report("w1", [result_for(r, reward=reward(r)) for r in lease["rollouts"]])
+        while (r := await api.next_batch()).status_code == 200:
+            delivered += r.json()["groups"]
+            await api.ok("POST", f"/batches/{r.json()['batch_id']}/ack")
+    assert delivered and all(len({x["reward"] for x in g["rollouts"]}) == 2 for g in delivered)
+    assert {g["prompt_id"][0] for g in delivered} == {"v"}
+    assert (await api.stats())["counters"]["groups_skipped"] > 0
+    chosen, skipped = await api.app.state.scheduler._plans_for(["s0", "v0"])
+    assert skipped == 1 and [pid for _, pid, _ in chosen] == ["v0"]
+    (_, _, plan), = chosen
+    assert {label for label, _, _ in plan.by_level} == {"0", "10"}
+    store = api.app.state.scheduler.store
+    await store.groups.open_groups(0.0, 10**9, chosen, "complete")
+    (row,) = await store.groups.read_groups([chosen[0][0]])
+    assert json.loads(row["lp"]).keys() == {"0", "10"}

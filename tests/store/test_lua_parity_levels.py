@@ -17,7 +17,8 @@ import pytest
 from sara_client.models import RolloutResult
 from sara_service.store.redis_format import GroupField
 from sara_service.math.reward_levels import (
-    decide_levels, level_table, mixed_chance_levels, plan_levels,
+    decide_levels, decide_levels_history, level_table, mixed_chance_levels, plan_levels,
+    plan_levels_history,
 )
 
 pytestmark = pytest.mark.anyio
@@ -122,3 +123,92 @@ async def test_lua_matches_the_reward_view_reference(store, index):
         c = await store.run.counters()
         assert float(c["estimated_false_abandons"]) == pytest.approx(q, rel=1e-12, abs=1e-15)
         assert float(c["expected_false_abandons"]) == table[n]
+
+
+# --- per-prompt plans (SARA_PRIOR=history): a threshold and table per level the prompt produced
+
+
+def reference_history(k: int, levels: int, alpha0: float, tau: float, counts: dict[str, float],
+                      stream: list[str]) -> dict:
+    """As `reference`, under the prompt's own Dirichlet: the run's threshold and table are its
+    level's (`GroupPlan.by_level`), or the default's for a level the prompt never produced."""
+    plan = plan_levels_history("sara", k, counts, levels, alpha0, tau)
+    own = {label: (thr, table) for label, thr, table in plan.by_level}
+    issued, seen, steps, final = plan.initial_issue, [], [], "saturated"
+    for level in stream:
+        if len(seen) >= issued or final in ("committed", "abandoned"):
+            break
+        seen.append(level)
+        n = len(seen)
+        thr, table = own.get(seen[0], (plan.after_failures, plan.p_eff_fail))
+        if len(set(seen)) >= 2:
+            decision, issued, final, p = "commit", k, "committed", None
+        elif n >= thr:
+            decision, final, p = "abandon", "abandoned", table[min(n, thr, k)]
+        else:
+            decision, issued, p = "continue", max(issued, min(thr, k)), table[n]
+        if final != "committed":
+            assert decide_levels_history(seen, k, counts, levels, alpha0, tau) == decision
+        steps.append((level, decision, issued, p))
+    if final == "saturated" and len(seen) < k:
+        final = "open"
+    return {"plan": plan, "steps": steps, "final": final}
+
+
+def history_cases(count: int = 120) -> list[tuple]:
+    rng = random.Random(2626)
+    out = []
+    for _ in range(count):
+        k, levels = rng.choice([3, 4, 8, 16]), rng.randint(2, 4)
+        alpha0, tau = 10 ** rng.uniform(-1, 0.5), rng.choice([0.3, 0.5, 0.7])
+        produced = rng.sample(LABELS, rng.randint(1, 3))
+        counts = {x: round(rng.uniform(0.2, 12.0), 3) for x in produced}
+        if plan_levels_history("sara", k, counts, levels, alpha0, tau).skip:
+            continue
+        first = rng.choice(produced + [rng.choice(LABELS)])
+        pure = rng.random() < 0.6
+        stream = [first if pure or rng.random() < 0.8 else rng.choice(LABELS) for _ in range(k)]
+        out.append((k, levels, alpha0, tau, counts, stream))
+    return out
+
+
+HISTORY_CASES = history_cases()
+
+
+def test_history_cases_cover_every_ending_and_levels_with_their_own_threshold():
+    wants = [reference_history(*c) for c in HISTORY_CASES]
+    assert {"committed", "abandoned", "saturated", "open"} & {w["final"] for w in wants} >= {
+        "committed", "abandoned"}
+    # some runs end on their level's own threshold, different from the default's
+    own_differs = [w for w, c in zip(wants, HISTORY_CASES) if w["final"] == "abandoned"
+                   and len(w["steps"]) != w["plan"].after_failures]
+    assert len(own_differs) >= 10
+
+
+def test_a_prompt_that_nearly_always_gives_one_level_gets_per_level_thresholds():
+    # 0.1 seen 12 times, 0.0 once: a run of 0.1s is expected, a run of 0.0s is telling
+    plan = plan_levels_history("sara", 8, {"10": 12.0, "0": 1.0}, 2, 1.0, 0.5)
+    own = {label: thr for label, thr, _ in plan.by_level}
+    assert own["10"] < own["0"]
+    assert plan.initial_issue == min(own.values())
+    # no counts: the run's one plan
+    assert plan_levels_history("sara", 8, {}, 2, 1.0, 0.5) == plan_levels("sara", 8, 2, 1.0, 0.5)
+
+
+@pytest.mark.parametrize("index", range(len(HISTORY_CASES)))
+async def test_lua_matches_the_per_prompt_reference(store, index):
+    k, levels, alpha0, tau, counts, stream = HISTORY_CASES[index]
+    want = reference_history(k, levels, alpha0, tau, counts, stream)
+    gid = f"h{index}"
+    assert await store.groups.open_groups(0.0, 10**9, [(gid, "p", want["plan"])], "complete") == 1
+    assert int((await _group(store, gid))[GroupField.issued]) == want["plan"].initial_issue
+    for n, (level, decision, issued, p) in enumerate(want["steps"]):
+        result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(n % 2))
+        applied = await store.leases.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0,
+                                                   alpha0, 60.0, levels=[level],
+                                                   levels_in_use=levels)
+        assert applied.decisions == [(gid, decision)], f"after levels {stream[:n + 1]}"
+        row = await _group(store, gid)
+        assert int(row[GroupField.issued]) == issued
+        if p is not None:     # the stored p_eff is the run's own table entry, to the bit
+            assert float(row[GroupField.p_eff]) == p

@@ -369,7 +369,8 @@ def test_serve_takes_the_effective_view(monkeypatch, flag):
 
 
 def test_serve_refuses_what_the_reward_view_cannot_run():
-    result = runner.invoke(cli.app, ["serve", "--effective", "reward", "--prior", "history"])
+    result = runner.invoke(cli.app, ["serve", "--effective", "reward", "--prior", "history",
+                                     "--tau-low", "auto"])
     assert result.exit_code == 2
     assert "invalid settings" in result.output and "prior=history" in result.output
 

@@ -9,7 +9,7 @@ from sara_service.settings import Settings
 
 
 @pytest.mark.parametrize("over,named", [
-    ({"prior": "history"}, "prior=history"),
+    ({"prior": "history", "tau_low": "auto"}, "prior=history with tau_low=auto"),
     ({"tau_low": "auto", "auto_price": "tokens"}, "auto_price=tokens"),
 ])
 def test_what_the_reward_view_cannot_run_is_refused(over, named):
@@ -25,6 +25,10 @@ def test_the_cost_aware_threshold_runs_under_the_reward_view_and_never_skips_a_f
     # k = 2 would skip every prompt at tau_low = 0.5 (below); "auto" starts every fresh prompt
     assert Settings(effective="reward", tau_low="auto").tau_low == "auto"
     assert Settings(effective="reward", tau_low="auto", group_size=2).group_size == 2
+
+
+def test_per_prompt_plans_run_under_the_reward_view_with_a_fixed_threshold():
+    assert Settings(effective="reward", prior="history", tau_low=0.5).prior == "history"
 
 
 def test_a_mopps_target_other_than_one_half_is_refused_under_the_reward_view():

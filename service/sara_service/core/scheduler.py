@@ -34,6 +34,7 @@ from ..store.codec import StoredPosterior, stored_int
 from ..store.redis_format import FORMAT_VERSION, split_ids
 from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
+    plan_levels_history,
 )
 from ..math.selection import (
     DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
@@ -89,7 +90,8 @@ class Scheduler:
         self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
         s = settings
         # Under SARA_EFFECTIVE=reward plans are the Dirichlet's over the levels in use, which
-        # grow as the run sees new ones (`_refresh_levels`); settings refuse prior=history.
+        # grow as the run sees new ones (`_refresh_levels`); under prior=history each prompt's
+        # plan is its own Dirichlet's (`plan_levels_history`), with fixed τ only.
         self.reward_view = s.effective == "reward"
         self._levels = levels_in_use(s.reward_levels, 0)
         # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
@@ -216,7 +218,8 @@ class Scheduler:
                                                                clock) < s.tau_skip:
                 skipped += 1
                 continue
-            plan = self._plan_for(a, b)
+            plan = (self._level_plan_for(post, version, clock) if self.reward_view
+                    else self._plan_for(a, b))
             if plan.skip:
                 skipped += 1
                 continue
@@ -244,15 +247,29 @@ class Scheduler:
         alphas = self._level_alphas(post, version, clock)
         return p_eff_levels([0] * len(alphas), s.group_size, alphas)
 
+    def _level_counts(self, post: StoredPosterior, version: int, clock: float
+                      ) -> dict[str, float]:
+        """The prompt's rollouts per reward level, decayed to now as a and b are."""
+        s = self.settings
+        versions, epochs = post.age(version, clock)
+        weight = decay_weight(s.posterior_decay, versions, s.posterior_half_life, epochs)
+        return {level: weight * c for level, c in post.level_counts.items()}
+
     def _level_alphas(self, post: StoredPosterior, version: int, clock: float) -> list[float]:
         """The prompt's Dirichlet over reward levels now: alpha0 per level in use plus its level
         counts, decayed to now as a and b are."""
         s = self.settings
-        counts = list(post.level_counts.values())
-        versions, epochs = post.age(version, clock)
-        weight = decay_weight(s.posterior_decay, versions, s.posterior_half_life, epochs)
-        alphas = [s.prior_alpha + weight * c for c in counts]
+        alphas = [s.prior_alpha + c for c in self._level_counts(post, version, clock).values()]
         return alphas + [s.prior_alpha] * max(0, self._levels - len(alphas))
+
+    def _level_plan_for(self, post: StoredPosterior, version: int, clock: float) -> GroupPlan:
+        """Under the reward view, the plan of one prompt: the run's plan under a uniform
+        prior, else its own Dirichlet's (a threshold per level it has produced)."""
+        s = self.settings
+        if s.prior == "uniform":
+            return self._prior_plan
+        return plan_levels_history(s.policy, s.group_size, self._level_counts(post, version, clock),
+                                   self._levels, s.prior_alpha, float(s.tau_low))
 
     def _plan_for(self, a: float, b: float) -> GroupPlan:
         """The plan of one prompt whose posterior is Beta(a, b) now."""

@@ -217,7 +217,9 @@ class GroupPlan:
 
     p_eff_fail[n] = p_eff(n, 0) for n = 0..min(after_failures, k); p_eff_success[n] likewise
     for all-success prefixes. deliver_saturated: a complete all-fail/all-success group is
-    delivered (uniform) rather than dropped.
+    delivered (uniform) rather than dropped. by_level: under the reward view with per-prompt
+    plans, (level, threshold, p_eff table up to it) for each reward level the prompt has
+    produced; a run at any other level uses after_failures and p_eff_fail (empty otherwise).
     """
 
     policy: str
@@ -228,6 +230,7 @@ class GroupPlan:
     p_eff_fail: tuple[float, ...]
     p_eff_success: tuple[float, ...]
     deliver_saturated: bool
+    by_level: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
 
     @property
     def skip(self) -> bool:

@@ -36,7 +36,8 @@ Under tau_low = "auto" the threshold is the cost-aware one of `autotau.level_thr
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import replace
+from typing import Mapping, Sequence
 
 from .allocation import GroupPlan, log_stay_pure, plan_from_tables
 
@@ -135,6 +136,59 @@ def plan_levels(policy: str, k: int, levels: int, alpha0: float, tau_low: float)
     abandons a group whose first `thr_f` results share a level, whichever level it is."""
     table = level_table(k, levels, alpha0)
     return plan_from_tables(policy, k, table, table, tau_low)
+
+
+def history_alphas(counts: Mapping[str, float], levels: int, alpha0: float
+                   ) -> tuple[list[str], list[float]]:
+    """A prompt's own Dirichlet: (its levels, in `counts` order, and the alphas), alpha0 plus
+    its count for each level it has produced, then alpha0 for each other level in use, or for
+    one more when it has produced all of them (a level new to the run, the plan's default)."""
+    labels = list(counts)
+    alphas = [float(alpha0) + float(counts[x]) for x in labels]
+    others = max(1, levels_in_use(levels, len(labels)) - len(labels))
+    return labels, alphas + [float(alpha0)] * others
+
+
+def plan_levels_history(policy: str, k: int, counts: Mapping[str, float], levels: int,
+                        alpha0: float, tau_low: float) -> GroupPlan:
+    """The plan of one prompt under its own Dirichlet (`history_alphas`; `counts`: its
+    decayed rollouts per level, keyed as the scripts key levels). SARA abandons a run at a
+    level it has produced where that level's table drops below tau_low (`GroupPlan.by_level`),
+    a run at any other level on the default table; it issues the nearest threshold at once,
+    and skips the prompt when P(its rewards differ) < tau_low. No counts: `plan_levels`."""
+    if not counts:
+        return plan_levels(policy, k, levels, alpha0, tau_low)
+    labels, alphas = history_alphas(counts, levels, alpha0)
+    _check([0] * len(alphas), k, alphas)
+    start = _p_eff_start(alphas, k)
+
+    def level_plan(j: int) -> GroupPlan:
+        table = [start] + [_clamp01(-math.expm1(x)) for x in _stay_logs(alphas, j, k)[1:]]
+        return plan_from_tables(policy, k, table, table, tau_low)
+
+    default = level_plan(len(labels))
+    if policy != "sara" or default.skip:
+        return default
+    own = [(label, level_plan(j)) for j, label in enumerate(labels)]
+    issue = min([default.initial_issue] + [p.initial_issue for _, p in own])
+    return replace(default, initial_issue=issue,
+                   by_level=tuple((x, p.after_failures, p.p_eff_fail) for x, p in own))
+
+
+def decide_levels_history(prefix: Sequence[str], k: int, counts: Mapping[str, float],
+                          levels: int, alpha0: float, tau_low: float) -> str:
+    """SARA's decision after the results' levels `prefix` (labels as in `counts`) under the
+    prompt's own Dirichlet: "commit" once two differ, "abandon" when p_eff < tau_low (n = 0:
+    the skip decision), else "continue"."""
+    if not 0.0 <= tau_low <= 1.0:
+        raise ValueError(f"tau_low must be in [0, 1], got {tau_low!r}")
+    labels, alphas = history_alphas(counts, levels, alpha0)
+    if len(set(prefix)) >= 2:
+        return "commit"
+    at = [0] * len(alphas)
+    if prefix:
+        at[labels.index(prefix[0]) if prefix[0] in labels else len(labels)] = len(prefix)
+    return "abandon" if p_eff_levels(at, k, alphas) < tau_low else "continue"
 
 
 def plan_levels_auto(k: int, levels: int, pool: object, rho: float, fill: bool = True,

@@ -31,6 +31,9 @@ Group hash fields (`group:<id>`):
     lv, lvn, lvx         under SARA_EFFECTIVE=reward: the level of the group's first result,
                          the results at that level and the results at any other (lvx > 0: the
                          rewards differ). s and f still count rewards >= success_threshold.
+    lp                   under the reward view with per-prompt plans (SARA_PRIOR=history): JSON
+                         object, level -> [threshold, p_eff table up to it], for the levels
+                         the prompt has produced; a run at any other level uses thr_f and pf
     r:<slot>             the slot's result JSON (RolloutResult)
     learned:<slot>       1 once the slot taught its prompt's posterior
     errors:<slot>        worker errors reported for the slot
@@ -122,6 +125,7 @@ class GroupField:
     p_eff_after_failures, p_eff_after_successes = "pf", "ps"  # JSON lists: entry n after n only
     deliver_saturated, commit, audit, audited = "deliver_sat", "commit", "audit", "audited"
     first_level, at_first_level, at_other_levels = "lv", "lvn", "lvx"  # the reward view
+    plans_by_level = "lp"  # the reward view under per-prompt plans
 
     @staticmethod
     def result(slot: int) -> str:
@@ -155,10 +159,20 @@ def plan_spec_json(plan: GroupPlan, commit: str) -> bytes:
 
 def _plan_fields(plan: GroupPlan, commit: str) -> dict[str, Any]:
     fail, success = _p_eff_tables(plan)
-    return {"k": plan.k, "thr_f": plan.after_failures, "thr_s": plan.after_successes,
-            "issue": plan.initial_issue, "pf": fail, "ps": success,
-            "p0": repr(plan.p_eff_fail[0]), "deliver_sat": int(plan.deliver_saturated),
-            "commit": commit}
+    fields = {"k": plan.k, "thr_f": plan.after_failures, "thr_s": plan.after_successes,
+              "issue": plan.initial_issue, "pf": fail, "ps": success,
+              "p0": repr(plan.p_eff_fail[0]), "deliver_sat": int(plan.deliver_saturated),
+              "commit": commit}
+    if plan.by_level:
+        fields["lp"] = _plans_by_level(plan)
+    return fields
+
+
+def _plans_by_level(plan: GroupPlan) -> str:
+    """The `lp` field's JSON text, each number its repr (read back as the same doubles)."""
+    entries = (f"{json.dumps(level)}:[{threshold},[{','.join(repr(x) for x in table)}]]"
+               for level, threshold, table in plan.by_level)
+    return "{" + ",".join(entries) + "}"
 
 
 @functools.lru_cache(maxsize=1024)

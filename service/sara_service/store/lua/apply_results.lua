@@ -108,6 +108,8 @@ local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 -- slot's error count only with a worker error for it: each field read costs as much as the rest)
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
   'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps', 'lv', 'lvn', 'lvx'}
+-- per-level plans are read only where they can exist
+if reward_view then GROUP_FIELDS[#GROUP_FIELDS + 1] = 'lp' end
 
 local function read_groups()
   local per_group_fields = {}
@@ -131,7 +133,7 @@ local function read_groups()
         thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
         audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
         w = {}, ptab = {pf = v[15], ps = v[16]}, lv = v[17], lvn = tonumber(v[18] or '0'),
-        lvx = tonumber(v[19] or '0')}
+        lvx = tonumber(v[19] or '0'), lp = reward_view and v[20] or nil}
       for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
       groups[gid] = g
     end
@@ -368,16 +370,30 @@ local function begin_audit(g)
   issue(g, g.issued, g.k)
 end
 
--- p_eff after n failures (successes) only, from the plan's tables: each a JSON list in one
--- field, decoded when a decision first needs it.
-local function p_eff_at(g, failing, n)
-  local side = failing and 'pf' or 'ps'
+-- p_eff after n results on one pure side ('pf': failures only, 'ps': successes only, 'lp': the
+-- run's level's own table), from the plan's tables: each a JSON list in one field, decoded when
+-- a decision first needs it.
+local function p_eff_at(g, side, n)
   local tab = g.ptab[side]
   if type(tab) == 'string' then
     tab = cjson.decode(tab)
     g.ptab[side] = tab
   end
   return tab[n + 1]
+end
+
+-- Under the reward view: the threshold and table side of the group's run, its level's own
+-- when the plan has one for it (per-prompt plans, `lp`), else the plan's default (thr_f, pf).
+local function level_plan(g)
+  if g.lp and g.lv then
+    if type(g.lp) == 'string' then g.lp = cjson.decode(g.lp) end
+    local own = g.lp[g.lv]
+    if own then
+      g.ptab.lp = own[2]
+      return own[1], 'lp'
+    end
+  end
+  return g.thr_f, 'pf'
 end
 
 -- Decide an open group after one more outcome; returns the decision.
@@ -402,9 +418,14 @@ local function decide_open(g)
   -- the side DPS learns from: all below or all at/above success_threshold
   local side = g.s == 0 and 'F' or 'S'
   if not reward_view then side = failing and 'F' or 'S' end
-  local thr = failing and g.thr_f or g.thr_s
+  local thr, tab = g.thr_s, 'ps'
+  if reward_view then
+    thr, tab = level_plan(g)
+  elseif failing then
+    thr, tab = g.thr_f, 'pf'
+  end
   -- the plan's table covers every prefix up to the threshold (or k)
-  local p = p_eff_at(g, failing, math.min(n, thr, g.k))
+  local p = p_eff_at(g, tab, math.min(n, thr, g.k))
   if n >= thr and g.audit and not g.audited then begin_audit(g) end
   if n >= thr and not g.audited then
     cancel_outstanding(g, g.issued)
