@@ -49,6 +49,7 @@ import asyncio
 import datetime
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -99,7 +100,8 @@ def sara_exact(pool: list[list[float]], k: int, threshold: int) -> float:
     t = min(threshold, k)
     pure_t = [sum(p**t for p in pi) for pi in pool]
     cost = sum(t * q + k * (1 - q) for q in pure_t) / len(pool)
-    return cost / (sum(1 - q for q in pure_t) / len(pool))
+    effective = sum(1 - q for q in pure_t) / len(pool)
+    return cost / effective if effective > 0 else math.inf   # t = 1: nothing is ever mixed
 
 
 def best_fixed(pool: list[list[float]], k: int) -> tuple[int, float]:

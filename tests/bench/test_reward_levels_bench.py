@@ -84,3 +84,24 @@ async def test_mopps_under_the_reward_view_delivers_only_differing_groups_for_le
     assert picked["groups_delivered"] == picked["delivered_with_differing_rewards"] > 0
     # it picks the prompts whose levels vary: fewer rollouts per group with differing rewards
     assert picked["rollouts_per_effective_group"] < 0.9 * rows["ds"]["rollouts_per_effective_group"]
+
+
+def test_the_best_fixed_threshold_is_the_cheapest_of_every_threshold():
+    pool = bench.make_pool(40, 2, 0.3, seed=3)
+    best_t, best = bench.best_fixed(pool, 8)
+    assert best == min(bench.sara_exact(pool, 8, t) for t in range(1, 10))
+    assert best == bench.sara_exact(pool, 8, best_t) and 1 < best_t <= 9
+    assert bench.exact(pool, 8, 4)["best_fixed"] == best
+
+
+@pytest.mark.anyio
+async def test_auto_and_per_prompt_plans_run_under_the_reward_view():
+    args = bench.parse(["--prompts", "80", "--epochs", "4"])
+    pool = bench.make_pool(args.prompts, 2, args.concentration, args.seed)
+    rows = {m: await bench.run_method(m, pool, [0.0, 0.1], args)
+            for m in ("ds", "sara-auto", "sara-history")}
+    for name in ("sara-auto", "sara-history"):
+        row = rows[name]
+        assert row["groups_delivered"] == row["delivered_with_differing_rewards"] > 0
+        assert row["rollouts_per_effective_group"] < rows["ds"]["rollouts_per_effective_group"]
+    assert rows["sara-auto"]["auto_threshold"] is not None
