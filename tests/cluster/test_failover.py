@@ -5,8 +5,10 @@ A cluster of its own (three masters, one replica each, node timeout 2 s: tests/c
 and `sara serve` on it (`redis+cluster://`), two scripted workers and a trainer through the SDK.
 After a few acked batches the master that owns the run's hash slot is killed with SIGKILL. The
 cluster marks it failed and its replica takes over its slots (no CLUSTER FAILOVER: the kill and
-the wait are the real thing); meanwhile the scheduler answers 503 and the clients retry. Then the
-run is driven to more batches and drained, and:
+the wait are the real thing); meanwhile the scheduler answers 503 and the clients retry (or, on
+a loaded box, its own Redis retries outlast the outage and no client sees it: that the right
+master died is checked on the cluster, before and after). Then the run is driven to more batches
+and drained, and:
 
 - every batch acked before the kill is still acked, with the groups and results delivered;
 - every result a worker had an answer for (before or after the kill) is in Redis: its slot done
@@ -121,13 +123,13 @@ async def _scenario(url: str, namespace: str, cluster: LocalCluster) -> None:
     finally:
         await client.aclose()
 
-    assert transport.status[503] >= 1, "no client saw the outage: was the right master killed?"
     assert len(deliveries) >= N_BATCHES and len(ledger.reported) > len(reported_before)
     check_batches(deliveries, k=K, batch_size=BATCH_SIZE)
     _check_committed(cluster, namespace, committed)
     _check_reported(cluster, namespace, ledger.reported)
     c = final.counters
     assert c.groups_delivered == c.groups_acked == len(deliveries) * BATCH_SIZE
+    # 0 503s is possible under load (see the module docstring); the number says how it went
     print(f"503s seen by clients {transport.status[503]}; reissued {c.rollouts_reissued}, "
           f"duplicates {c.results_duplicate}, redelivered {c.batches_redelivered}")
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 import redis
-from sara_client import AsyncSaraClient, Batch, StatsResponse
+from sara_client import AsyncSaraClient, Batch, NotFoundError, StatsResponse
 from sara_service.embedded import free_port
 from sara_service.store.keys import Keys, split_rollout_id
 from sara_service.store.redis_format import decode_slot
@@ -241,9 +241,15 @@ class BernoulliWorker:
             await self.report_some()
 
     async def collect_cancels(self) -> None:
-        """Heartbeat every lease still held: drops rollouts cancelled by other workers' results."""
+        """Heartbeat every lease still held: drops rollouts cancelled by other workers' results,
+        and, as `sara worker` does, the rollouts of a lease the scheduler no longer knows (it
+        expired, say while Redis failed over): the scheduler has reissued them."""
         for lease_id in sorted({lid for lid, _ in self.held.values()}):
-            answer = await self._client().heartbeat(lease_id, self.worker_id)
+            try:
+                answer = await self._client().heartbeat(lease_id, self.worker_id)
+            except NotFoundError:
+                self.held = {rid: held for rid, held in self.held.items() if held[0] != lease_id}
+                continue
             self._cancel(answer.cancel)
 
     async def flush(self) -> None:
