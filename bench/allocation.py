@@ -178,8 +178,8 @@ METHODS = {m.key: m for m in (
     Method("greso", "GRESO (DS)", "dynamic_sampling", selection="greso"),
     Method("sara-greso", "SARA+GRESO", "sara", selection="greso", tau=0.5),
     # Reinforce-Ada (balanced), at its reference settings' proportions (`ADA`)
-    Method("reinforce-ada", "Reinforce-Ada", "reinforce_ada"),
-    Method("reinforce-ada-pos", "Reinforce-Ada pos", "reinforce_ada", ada_rule="positive"),
+    Method("reinforce_ada", "Reinforce-Ada", "reinforce_ada"),
+    Method("reinforce_ada_pos", "Reinforce-Ada pos", "reinforce_ada", ada_rule="positive"),
 )}
 # Reinforce-Ada's reference settings keep 4 rollouts a prompt, drawn in rounds of 8, at most 4
 # rounds: here it delivers groups of k like every other method, in rounds of 2k, up to 8k
