@@ -426,7 +426,7 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
                 progress: Callable[[int], None] | None = None) -> Tally:
     """Sync rounds of lease-all -> generate -> report-all, then the trainer, until
     `cfg.groups` effective groups have been delivered. See the module docstring."""
-    tally = Tally(cfg.k)
+    tally = Tally(method.budget(cfg.k))   # a false abandon misses the rest of the budget
     drawn: dict[str, int] = {}                  # rollouts generated per prompt so far
     outcomes: dict[str, list[bool]] = {}        # per group, in the order reported
     group_gamma: dict[str, float] = {}
