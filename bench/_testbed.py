@@ -39,11 +39,14 @@ METHODS: dict[str, dict[str, Any]] = {
     "sara_dps": {"policy": "sara", "tau_low": 0.5, "selection": "dps"},
     "greso": {"policy": "dynamic_sampling", "selection": "greso"},
     "sara_greso": {"policy": "sara", "tau_low": 0.5, "selection": "greso"},
+    # groups of k delivered from rounds of 2k up to 8k (its reference settings' proportions)
+    "reinforce_ada": {"policy": "reinforce_ada", "ada_round": 2, "ada_rounds": 4},
 }
 LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
           "sara_history": "SARA + history", "dps": "DPS", "mopps": "MoPPS",
-          "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO"}
+          "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO",
+          "reinforce_ada": "Reinforce-Ada"}
 # where a run's evaluations ran: in a child process while training went on. The recordings
 # before this (on the trainer's thread, which paused for each) have no such field; their seconds
 # are not comparable, so a resumed recording does not reuse them
@@ -151,6 +154,9 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
 
     spec = METHODS[method]
     scheduler = {key: spec[key] for key in ("tau_low", "prior") if key in spec}
+    if "ada_round" in spec:   # Reinforce-Ada: its budget per prompt, kept at k when delivered
+        scheduler.update(group_size=spec["ada_round"] * spec["ada_rounds"] * protocol.k,
+                         ada_round=spec["ada_round"] * protocol.k, ada_keep=protocol.k)
     return DemoConfig(
         seed=seed, out=str(work), progress=False, group_size=protocol.k,
         batch_groups=protocol.batch_groups, lr=lr, rl_steps=1_000_000, compare=False,

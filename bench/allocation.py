@@ -130,16 +130,24 @@ class Method:
     half_life: float | None = None
     dps_censored: bool = True      # False: an abandoned group teaches DPS a full pure label
     auto_price: str = "rollouts"   # under tau "auto": "tokens" prices rollouts by their length
+    ada_rule: str = "balanced"     # Reinforce-Ada's stop rule (policy reinforce_ada)
 
     @property
     def exact(self) -> bool:
-        return self.selection == "epoch" and self.prior == "uniform" and self.tau != "auto"
+        return (self.selection == "epoch" and self.prior == "uniform" and self.tau != "auto"
+                and self.policy != "reinforce_ada")
+
+    def budget(self, k: int) -> int:
+        """Rollouts one group may draw: k, or under Reinforce-Ada its rounds' total (`ADA`)."""
+        return ADA["rounds"] * ADA["round"] * k if self.policy == "reinforce_ada" else k
 
     @property
     def modelled(self) -> bool:
         """The reference model covers it (not tau_low=auto: see `AUTO_NOTE`; not GRESO, whose
-        rates step on the service's own counters: its expectation is its own seeds' spread)."""
-        return self.tau != "auto" and self.selection != "greso"
+        rates step on the service's own counters: its expectation is its own seeds' spread; not
+        Reinforce-Ada, which the reference model does not implement)."""
+        return (self.tau != "auto" and self.selection != "greso"
+                and self.policy != "reinforce_ada")
 
     @property
     def abandons(self) -> bool:
@@ -169,7 +177,13 @@ METHODS = {m.key: m for m in (
     # GRESO's pre-rollout filter (opt-in), alone on DS and under SARA
     Method("greso", "GRESO (DS)", "dynamic_sampling", selection="greso"),
     Method("sara-greso", "SARA+GRESO", "sara", selection="greso", tau=0.5),
+    # Reinforce-Ada (balanced), at its reference settings' proportions (`ADA`)
+    Method("reinforce_ada", "Reinforce-Ada", "reinforce_ada"),
+    Method("reinforce_ada_pos", "Reinforce-Ada pos", "reinforce_ada", ada_rule="positive"),
 )}
+# Reinforce-Ada's reference settings keep 4 rollouts a prompt, drawn in rounds of 8, at most 4
+# rounds: here it delivers groups of k like every other method, in rounds of 2k, up to 8k
+ADA = {"round": 2, "rounds": 4}
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
 # the same code (sara_service.core.autoprice) on the same store reads, so it would check nothing
@@ -226,12 +240,17 @@ class Config:
         half_life = self.posterior_half_life if method.half_life is None else method.half_life
         return decay, half_life
 
+    def _rounds(self, method: Method) -> dict[str, Any]:
+        if method.policy != "reinforce_ada":
+            return {}
+        return dict(ada_round=ADA["round"] * self.k, ada_keep=self.k, ada_rule=method.ada_rule)
+
     def settings(self, method: Method, seed: int | None = None) -> dict[str, Any]:
         """Scheduler settings (`sara_service.settings.Settings` fields) for `method`."""
         decay, half_life = self.memory(method)
         return dict(policy=method.policy, selection=method.selection, prior=method.prior,
                     tau_low=method.tau, auto_price=method.auto_price, tau_skip=self.tau_skip,
-                    group_size=self.k,
+                    group_size=method.budget(self.k), **self._rounds(method),
                     batch_size=self.batch_size, prefetch_batches=self.prefetch_batches,
                     # the fleet's capacity is unlimited, so every lease is short and a work
                     # floor would always apply: flow control here is the target alone, whatever
@@ -407,7 +426,7 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
                 progress: Callable[[int], None] | None = None) -> Tally:
     """Sync rounds of lease-all -> generate -> report-all, then the trainer, until
     `cfg.groups` effective groups have been delivered. See the module docstring."""
-    tally = Tally(cfg.k)
+    tally = Tally(method.budget(cfg.k))   # a false abandon misses the rest of the budget
     drawn: dict[str, int] = {}                  # rollouts generated per prompt so far
     outcomes: dict[str, list[bool]] = {}        # per group, in the order reported
     group_gamma: dict[str, float] = {}
@@ -491,7 +510,7 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
             progress(tally.effective)
     for gid, record in tally.groups.items():
         record[1] = len(outcomes[gid])
-        record[3] = gid in abandoned or record[1] >= cfg.k
+        record[3] = gid in abandoned or record[1] >= method.budget(cfg.k)
     tally.counters = await api.counters()
     return tally
 

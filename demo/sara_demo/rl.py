@@ -104,11 +104,12 @@ async def run_rl(cfg: DemoConfig, work: Path, sft_dir: str, prompts: list[dict],
 
 def _scheduler_settings(cfg: DemoConfig) -> dict[str, Any]:
     """The in-process scheduler's settings (a fresh embedded Redis)."""
-    return dict(redis_url=None, policy=cfg.policy, selection=cfg.selection,
+    base = dict(redis_url=None, policy=cfg.policy, selection=cfg.selection,
                 group_size=cfg.group_size, batch_size=cfg.batch_groups,
                 prefetch_batches=cfg.prefetch_batches, max_staleness=cfg.max_staleness,
                 temperature=1.0, max_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                lease_ttl_s=120.0, batch_ack_timeout_s=600.0, **cfg.scheduler_options)
+                lease_ttl_s=120.0, batch_ack_timeout_s=600.0)
+    return {**base, **cfg.scheduler_options}   # the options win (Reinforce-Ada's budget)
 
 
 def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara"]
+AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara", "reinforce_ada"]
 SelectionPolicy = Literal["epoch", "history", "dps", "mopps", "greso"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
@@ -39,7 +39,9 @@ class Settings(BaseSettings):
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
                            description="The run; several runs can share one Redis.")
 
-    policy: AllocationPolicy = Field("sara", description="uniform, dynamic_sampling or sara.")
+    policy: AllocationPolicy = Field(
+        "sara", description="uniform, dynamic_sampling, sara or reinforce_ada (rounds of "
+                            "SARA_ADA_ROUND up to k, then kept at SARA_ADA_KEEP).")
     selection: SelectionPolicy = Field(
         "epoch", description="epoch, history, dps, mopps or greso: which prompts groups open on.")
     prior: PriorMode = Field(
@@ -108,6 +110,13 @@ class Settings(BaseSettings):
     greso_p_max: float = Field(0.95, gt=0.0, le=1.0, description="GRESO's rates' upper bound.")
     greso_step: float = Field(0.01, ge=0.0, le=0.5,
                               description="GRESO's rate change per policy version.")
+    ada_round: int = Field(8, ge=1, le=1024, description="Under reinforce_ada: rollouts a "
+                                                         "round issues; k is the budget.")
+    ada_keep: int = Field(4, ge=2, le=1024, description="Under reinforce_ada: rollouts a "
+                                                        "delivered group keeps.")
+    ada_rule: Literal["balanced", "positive"] = Field(
+        "balanced", description="Under reinforce_ada: stop once keep/2 successes and failures "
+                                "are in (balanced), or one success (positive).")
 
     batch_size: int = Field(32, ge=1, le=4096, description="Groups per batch.")
     prefetch_batches: int = Field(2, ge=1, le=64, description="Flow-control depth, in batches.")
@@ -172,6 +181,8 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"SARA_GRESO_P_START={self.greso_p_start:g} must lie within SARA_GRESO_P_MIN="
                 f"{self.greso_p_min:g} and SARA_GRESO_P_MAX={self.greso_p_max:g}")
+        if self.policy == "reinforce_ada":
+            return self._rounds_can_run()
         if self.effective == "reward":
             return self._reward_view_can_run()
         if self.tau_low == "auto":
@@ -186,6 +197,24 @@ class Settings(BaseSettings):
                 f"that a group of k comes out mixed is {start:.3f} before any rollout, below "
                 f"tau_low={self.tau_low:g}; lower SARA_TAU_LOW, raise SARA_GROUP_SIZE or "
                 "choose a broader prior")
+        return self
+
+    def _rounds_can_run(self) -> Settings:
+        """Refuse a Reinforce-Ada configuration whose rounds do not fit its budget k."""
+        if self.group_size % self.ada_round:
+            raise ValueError(
+                f"SARA_POLICY=reinforce_ada samples in rounds of SARA_ADA_ROUND={self.ada_round} "
+                f"up to SARA_GROUP_SIZE={self.group_size}: make the group size a multiple of "
+                f"the round (its reference: rounds of 8, k = 32)")
+        if self.ada_keep > self.group_size:
+            raise ValueError(f"SARA_ADA_KEEP={self.ada_keep} is more than the budget "
+                             f"SARA_GROUP_SIZE={self.group_size}")
+        if self.prior == "history" or self.tau_low == "auto":
+            raise ValueError("SARA_POLICY=reinforce_ada plans every group alike (rounds, no "
+                             "abandoning): leave SARA_PRIOR=uniform and a fixed SARA_TAU_LOW")
+        if self.effective == "reward":
+            raise ValueError("SARA_POLICY=reinforce_ada counts successes and failures "
+                             "(SARA_EFFECTIVE=outcome); it does not run under the reward view")
         return self
 
     def _reward_view_can_run(self) -> Settings:

@@ -307,3 +307,26 @@ def test_a_pool_file_with_a_repeated_id_is_refused(tmp_path):
     path.write_text(path.read_text() + '{"id": "q0", "meta": {"p_success": 0.1}}\n')
     with pytest.raises(SystemExit, match="appears twice"):
         bench.main(["--pool-file", str(path), "--methods", "ds", "--no-write"])
+
+
+def test_reinforce_ada_runs_under_its_league_key_and_delivers_groups_of_k(tmp_path):
+    """reinforce_ada: rounds of 2k up to 8k, delivered down-sampled to k (the driver flags any
+    delivered group that is not k rollouts, mixed); a prompt that never succeeds, or never
+    fails, spends its whole budget and is dropped, so on a pool of many such prompts it pays
+    more per effective group than DS, which spends k on each."""
+    rng = random.Random(5)
+    gammas = [0.0] * 32 + [1.0] * 16 + [rng.uniform(0.3, 0.7) for _ in range(48)]
+    pool = _write_pool(tmp_path / "pool.jsonl", gammas)
+    prefix = tmp_path / "ada"
+    code = bench.main(["--pool-file", str(pool), "--k", "4", "--methods",
+                       "ds,reinforce_ada,reinforce_ada_pos", "--groups", "128",
+                       "--model-reps", "0", "--no-progress", "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r["measured"] for r in
+            json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    for key in ("reinforce_ada", "reinforce_ada_pos"):
+        ada = rows[key]
+        assert ada["n_violations"] == 0, ada["violations"]
+        assert ada["counters"]["groups_dropped_saturated"] > 0
+        assert ada["rollouts_per_effective"] > rows["ds"]["rollouts_per_effective"]
+        assert ada["useful_fraction"] < rows["ds"]["useful_fraction"]   # k kept of what it drew

@@ -36,6 +36,7 @@ from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
     plan_levels_history,
 )
+from ..math.reinforce_ada import keep_slots, plan_rounds, round_rule
 from ..math.selection import (
     DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
     greso_streak, mopps_levels_score, mopps_score, top_by_score,
@@ -112,10 +113,19 @@ class Scheduler:
     def _fixed_plan(self) -> GroupPlan:
         """The plan of every group under a uniform prior and a fixed tau_low."""
         s = self.settings
+        if s.policy == "reinforce_ada":
+            return plan_rounds(s.group_size, s.prior_alpha, s.prior_beta,
+                               round_rule(s.ada_round, s.ada_keep, s.ada_rule))
         if self.reward_view:
             return plan_levels(s.policy, s.group_size, self._levels, s.prior_alpha,
                                float(s.tau_low))
         return plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
+
+    @property
+    def commit(self) -> str:
+        """How committed groups are filled: Reinforce-Ada's are delivered as they stand (each
+        stops at the end of a round), every other policy's as SARA_COMMIT says."""
+        return "partial" if self.settings.policy == "reinforce_ada" else self.settings.commit
 
     async def _refresh_levels(self) -> None:
         """Under the reward view, plan for every level the run has seen (the set only grows):
@@ -310,7 +320,7 @@ class Scheduler:
         if s.prior != "uniform" or s.selection != "epoch" or self.auto is not None or plan.skip:
             return None
         count = min(self.flow_target, math.ceil(max_rollouts / max(1, plan.initial_issue)))
-        return Opening(plan, s.commit, s.audit_fraction, s.seed,
+        return Opening(plan, self.commit, s.audit_fraction, s.seed,
                        tuple(_new_id("g") for _ in range(count)))
 
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
@@ -326,7 +336,7 @@ class Scheduler:
                 return 0
             plans, skipped = await self._plans_for(pids)
             opened = await self.store.groups.open_groups(
-                now, self.flow_target, plans, self.settings.commit, skipped,
+                now, self.flow_target, plans, self.commit, skipped,
                 self.settings.audit_fraction, self.settings.seed, **self.work_floor)
             if self.settings.selection in EPOCH_ORDER:
                 await self.store.prompts.unpop_epoch([pid for _, pid, _ in plans[opened:]])
@@ -501,13 +511,22 @@ class Scheduler:
         rows = await self.store.groups.read_group_results(gids, self.settings.group_size,
                                                    decode=bytes)
         prompts = await self.store.prompts.read_prompts([pid for pid, _ in rows])
-        groups = [(gid, pid, prompt or {}, results)
+        groups = [(gid, pid, prompt or {}, self._kept(results))
                   for gid, (pid, results), prompt in zip(gids, rows, prompts)]
         stats = BatchStats.model_validate_json(meta["stats"])
         stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
         return batch_answer(batch_id, stored_int(meta["policy_version"]),
                             float(meta["created_at"]), redelivered, groups, stats,
                             self._sampling)
+
+    def _kept(self, results: list[bytes]) -> list[bytes]:
+        """A group's results as delivered: under reinforce_ada down-sampled to SARA_ADA_KEEP
+        (`reinforce_ada.keep_slots`), every one otherwise."""
+        s = self.settings
+        if s.policy != "reinforce_ada":
+            return results
+        wins = [json.loads(raw)["reward"] >= s.success_threshold for raw in results]
+        return [results[i] for i in keep_slots(wins, s.ada_keep)]
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""

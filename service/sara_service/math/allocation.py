@@ -220,6 +220,8 @@ class GroupPlan:
     delivered (uniform) rather than dropped. by_level: under the reward view with per-prompt
     plans, (level, threshold, p_eff table up to it) for each reward level the prompt has
     produced; a run at any other level uses after_failures and p_eff_fail (empty otherwise).
+    rounds: (round size, successes and failures that stop it) for a group sampled in rounds
+    (Reinforce-Ada, `math.reinforce_ada`); empty otherwise.
     """
 
     policy: str
@@ -231,6 +233,7 @@ class GroupPlan:
     p_eff_success: tuple[float, ...]
     deliver_saturated: bool
     by_level: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
+    rounds: tuple[int, ...] = ()
 
     @property
     def skip(self) -> bool:

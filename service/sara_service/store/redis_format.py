@@ -34,6 +34,8 @@ Group hash fields (`group:<id>`):
     lp                   under the reward view with per-prompt plans (SARA_PRIOR=history): JSON
                          object, level -> [threshold, p_eff table up to it], for the levels
                          the prompt has produced; a run at any other level uses thr_f and pf
+    ra                   a group sampled in rounds (Reinforce-Ada): "<round size>,<successes>,
+                         <failures>", the round issued at a time and the outcomes that stop it
     r:<slot>             the slot's result JSON (RolloutResult)
     learned:<slot>       1 once the slot taught its prompt's posterior
     errors:<slot>        worker errors reported for the slot
@@ -124,6 +126,7 @@ class GroupField:
     p_eff, oldest_policy_version, created_at = "p_eff", "min_v", "created_at"
     p_eff_after_failures, p_eff_after_successes = "pf", "ps"  # JSON lists: entry n after n only
     deliver_saturated, commit, audit, audited = "deliver_sat", "commit", "audit", "audited"
+    rounds = "ra"  # Reinforce-Ada's round rule
     first_level, at_first_level, at_other_levels = "lv", "lvn", "lvx"  # the reward view
     plans_by_level = "lp"  # the reward view under per-prompt plans
 
@@ -163,6 +166,8 @@ def _plan_fields(plan: GroupPlan, commit: str) -> dict[str, Any]:
               "issue": plan.initial_issue, "pf": fail, "ps": success,
               "p0": repr(plan.p_eff_fail[0]), "deliver_sat": int(plan.deliver_saturated),
               "commit": commit}
+    if plan.rounds:
+        fields["ra"] = ",".join(str(x) for x in plan.rounds)
     if plan.by_level:
         fields["lp"] = _plans_by_level(plan)
     return fields

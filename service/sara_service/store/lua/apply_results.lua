@@ -107,7 +107,8 @@ local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 -- groups: the fields decisions read, and the per-slot fields of the slots reported here (a
 -- slot's error count only with a worker error for it: each field read costs as much as the rest)
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
-  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps', 'lv', 'lvn', 'lvx'}
+  'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps', 'lv', 'lvn', 'lvx',
+  'ra'}
 -- per-level plans are read only where they can exist
 if reward_view then GROUP_FIELDS[#GROUP_FIELDS + 1] = 'lp' end
 
@@ -133,7 +134,7 @@ local function read_groups()
         thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
         audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
         w = {}, ptab = {pf = v[15], ps = v[16]}, lv = v[17], lvn = tonumber(v[18] or '0'),
-        lvx = tonumber(v[19] or '0'), lp = reward_view and v[20] or nil}
+        lvx = tonumber(v[19] or '0'), ra = v[20], lp = reward_view and v[21] or nil}
       for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
       groups[gid] = g
     end
@@ -396,23 +397,60 @@ local function level_plan(g)
   return g.thr_f, 'pf'
 end
 
+-- A mixed group is committed: it will be delivered (filled to k first under commit 'complete').
+local function commit_group(g)
+  set_gstate(g.gid, 'committed')
+  g.w.p_eff = 1
+  set_open(g.gid, 1)
+  count_up('groups_committed', 1)
+  if g.audited then count_up('audits_mixed', 1) end
+  record_outcome(g.pid, 'committed', 'M')
+  if g.commit == 'complete' then issue(g, g.issued, g.k) end
+  return 'commit'
+end
+
+-- A group sampled in rounds (Reinforce-Ada; math/reinforce_ada.py is the reference): nothing is
+-- decided while its round is out; then it stops once its rule's successes and failures are in
+-- (or at its budget k), committed when mixed, and otherwise takes one more round. Its commit is
+-- 'partial': it is delivered with what it has. One that stops pure before k (the "positive"
+-- rule met by successes only) is abandoned; one pure at k is dropped as saturated, as under DS.
+local function decide_round(g)
+  if type(g.ra) == 'string' then
+    local size, need_s, need_f = string.match(g.ra, '^(%d+),(%d+),(%d+)$')
+    g.ra = {size = tonumber(size), s = tonumber(need_s), f = tonumber(need_f)}
+  end
+  local mixed = g.s > 0 and g.f > 0
+  if g.done >= g.issued and ((g.s >= g.ra.s and g.f >= g.ra.f) or g.issued >= g.k) then
+    if mixed then return commit_group(g) end
+    if g.issued < g.k then
+      local failing = g.s == 0
+      retire(g.gid, 'abandoned')
+      count_up('groups_abandoned', 1)
+      count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
+      hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
+      record_outcome(g.pid, 'abandoned', failing and 'F' or 'S',
+                     mixed_chance_under_posterior(g.pid, failing, g.k - g.done))
+      return 'abandon'
+    end
+  elseif g.done >= g.issued then
+    issue(g, g.issued, math.min(g.issued + g.ra.size, g.k))
+  end
+  local p = 1
+  if not mixed then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', math.min(g.done, g.k)) end
+  g.w.p_eff = p
+  set_open(g.gid, p)
+  return 'continue'
+end
+
 -- Decide an open group after one more outcome; returns the decision.
 local function decide_open(g)
   local gid = g.gid
+  if g.ra then return decide_round(g) end
   -- under the reward view the two sides are "at the first result's level" and "elsewhere": a
   -- group is mixed once its levels differ, and a pure prefix is always on the first side
   local s, f = g.s, g.f
   if reward_view then s, f = g.lvx, g.lvn end
-  if s > 0 and f > 0 then
-    set_gstate(gid, 'committed')
-    g.w.p_eff = 1
-    set_open(gid, 1)
-    count_up('groups_committed', 1)
-    if g.audited then count_up('audits_mixed', 1) end
-    record_outcome(g.pid, 'committed', 'M')
-    if g.commit == 'complete' then issue(g, g.issued, g.k) end
-    return 'commit'
-  end
+  if s > 0 and f > 0 then return commit_group(g) end
   local failing = s == 0
   local n = failing and f or s
   -- the side DPS learns from: all below or all at/above success_threshold
