@@ -29,31 +29,44 @@ EDGES = [("sara", 8, 3, 1.0, 0.5), ("sara", 8, 2, 1.0, 0.5), ("sara", 4, 5, 0.5,
          ("sara", 16, 2, 0.1, 0.3), ("sara", 8, 4, 3.0, 0.0)]
 
 
-def reference(policy: str, k: int, levels: int, alpha0: float, tau: float,
-              stream: list[str]) -> dict:
-    """What the engine should do with `stream`, fed in slot order until the group is decided
-    or has no issued rollout left to report."""
-    plan = plan_levels(policy, k, levels, alpha0, tau)
-    thr = plan.after_failures
-    assert thr == plan.after_successes  # one table for every level
+def walk(plan, k: int, stream: list[str], decide) -> dict:
+    """What the engine should do with `stream` under `plan`, fed in slot order until the group
+    is decided or has no issued rollout left to report: per result (level, decision, issued
+    after it, the stored p_eff or None once committed). A run's threshold and table are its
+    level's own (`GroupPlan.by_level`), else the plan's default; `decide(seen)` is the pure
+    rule's decision, checked against the plan's at every pure prefix."""
+    own = {label: (thr, table) for label, thr, table in plan.by_level}
     issued, seen, steps, final = plan.initial_issue, [], [], "saturated"
     for level in stream:
         if len(seen) >= issued or final in ("committed", "abandoned"):
             break
         seen.append(level)
         n = len(seen)
+        thr, table = own.get(seen[0], (plan.after_failures, plan.p_eff_fail))
         if len(set(seen)) >= 2:
-            decision, issued, final = "commit", k, "committed"
+            decision, issued, final, p = "commit", k, "committed", None
         elif n >= thr:
-            decision, final = "abandon", "abandoned"
+            decision, final, p = "abandon", "abandoned", table[min(n, thr, k)]
         else:
-            decision, issued = "continue", max(issued, min(thr, k))
-        if policy == "sara" and final != "committed":
-            assert decide_levels(seen, k, levels, alpha0, tau) == decision
-        steps.append((level, decision, issued))
+            decision, issued, p = "continue", max(issued, min(thr, k)), table[n]
+        if decide is not None and final != "committed":
+            assert decide(seen) == decision
+        steps.append((level, decision, issued, p))
     if final == "saturated" and len(seen) < k:
         final = "open"
     return {"plan": plan, "steps": steps, "final": final}
+
+
+def reference(policy: str, k: int, levels: int, alpha0: float, tau: float,
+              stream: list[str]) -> dict:
+    """The shared plan of the symmetric Dirichlet (`plan_levels`): one table for every level."""
+    plan = plan_levels(policy, k, levels, alpha0, tau)
+    assert plan.after_failures == plan.after_successes and not plan.by_level
+    table = level_table(k, levels, alpha0)
+    assert plan.p_eff_fail == tuple(table[:len(plan.p_eff_fail)])   # the exact table
+    decide = ((lambda seen: decide_levels(seen, k, levels, alpha0, tau)) if policy == "sara"
+              else None)
+    return walk(plan, k, stream, decide)
 
 
 def cases(count: int = 160) -> list[tuple]:
@@ -103,15 +116,15 @@ async def test_lua_matches_the_reward_view_reference(store, index):
     gid = f"g{index}"
     assert await store.groups.open_groups(0.0, 10**9, [(gid, "p", want["plan"])], "complete") == 1
     assert int((await _group(store, gid))[GroupField.issued]) == want["plan"].initial_issue
-    for n, (level, decision, issued) in enumerate(want["steps"]):
+    for n, (level, decision, issued, p) in enumerate(want["steps"]):
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(n % 2))
         applied = await store.leases.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0, alpha0,
                                             60.0, levels=[level], levels_in_use=levels)
         assert applied.decisions == [(gid, decision)], f"after levels {stream[:n + 1]}"
         row = await _group(store, gid)
         assert int(row[GroupField.issued]) == issued
-        if decision != "commit":   # the stored p_eff is the plan's entry, to the bit
-            assert float(row[GroupField.p_eff]) == table[min(n + 1, want["plan"].after_failures)]
+        if p is not None:   # the stored p_eff is the plan's entry, to the bit
+            assert float(row[GroupField.p_eff]) == p == table[min(n + 1, want["plan"].after_failures)]
     (state,) = await store.groups.group_state([gid])
     expected = {"committed": {"committed", "ready"}, "abandoned": {"abandoned"}, "open": {"open"},
                 "saturated": {"ready"} if policy == "uniform" else {"dropped"}}
@@ -130,29 +143,10 @@ async def test_lua_matches_the_reward_view_reference(store, index):
 
 def reference_history(k: int, levels: int, alpha0: float, tau: float, counts: dict[str, float],
                       stream: list[str]) -> dict:
-    """As `reference`, under the prompt's own Dirichlet: the run's threshold and table are its
-    level's (`GroupPlan.by_level`), or the default's for a level the prompt never produced."""
+    """As `reference`, under the prompt's own Dirichlet (`plan_levels_history`)."""
     plan = plan_levels_history("sara", k, counts, levels, alpha0, tau)
-    own = {label: (thr, table) for label, thr, table in plan.by_level}
-    issued, seen, steps, final = plan.initial_issue, [], [], "saturated"
-    for level in stream:
-        if len(seen) >= issued or final in ("committed", "abandoned"):
-            break
-        seen.append(level)
-        n = len(seen)
-        thr, table = own.get(seen[0], (plan.after_failures, plan.p_eff_fail))
-        if len(set(seen)) >= 2:
-            decision, issued, final, p = "commit", k, "committed", None
-        elif n >= thr:
-            decision, final, p = "abandon", "abandoned", table[min(n, thr, k)]
-        else:
-            decision, issued, p = "continue", max(issued, min(thr, k)), table[n]
-        if final != "committed":
-            assert decide_levels_history(seen, k, counts, levels, alpha0, tau) == decision
-        steps.append((level, decision, issued, p))
-    if final == "saturated" and len(seen) < k:
-        final = "open"
-    return {"plan": plan, "steps": steps, "final": final}
+    return walk(plan, k, stream,
+                lambda seen: decide_levels_history(seen, k, counts, levels, alpha0, tau))
 
 
 def history_cases(count: int = 120) -> list[tuple]:
