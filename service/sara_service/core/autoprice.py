@@ -119,16 +119,15 @@ class AutoPricer:
         """The plan of a prompt with no evidence of its own: one per rounded ρ."""
         key = self.price_key()
         plan = self._plans.get(key)
-        if plan is None and self.levels is not None:
+        if plan is None:
             s = self.settings
-            plan = plan_levels_auto(s.group_size, self.levels, self.model, key, self.fill,
-                                    s.tau_floor)
-            self._plans[key] = plan
-        elif plan is None:
-            s = self.settings
-            plan = plan_group("sara", s.group_size, s.prior_alpha, s.prior_beta, "auto",
-                              rho=key, tau_floor=s.tau_floor, pool=self.model, fill=self.fill,
-                              lengths=self.lengths)
+            if self.levels is not None:
+                plan = plan_levels_auto(s.group_size, self.levels, self.model, key, self.fill,
+                                        s.tau_floor)
+            else:
+                plan = plan_group("sara", s.group_size, s.prior_alpha, s.prior_beta, "auto",
+                                  rho=key, tau_floor=s.tau_floor, pool=self.model,
+                                  fill=self.fill, lengths=self.lengths)
             self._plans[key] = plan
         return plan
 
