@@ -48,6 +48,10 @@ elsewhere) (`level_evidence`); before anything is learned it is the symmetric Di
 marginal, Beta(α0, (L-1)α0) (`level_pool_prior`). A run of n at a level is the binary rule's
 run of successes at rate q, so the same DP on that one side gives the one threshold every level
 shares. Token prices are not kept per level, so the reward view prices in rollouts only.
+
+Past 400 lines because it is one concept: the stopping DP, the pool model it needs and the
+fixed point that prices it, with the token and reward-level variants of each beside the
+rollout one they reduce to.
 """
 
 from __future__ import annotations

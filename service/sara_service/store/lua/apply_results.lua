@@ -37,6 +37,9 @@
 
 -- The script is its library functions first, then a short driver at the end: read what the
 -- call touches, apply each result in order, write every key back once, answer.
+-- Past 400 lines because a report is one atomic step: every policy's decision (SARA, DS,
+-- the reward view, per-prompt plans, Reinforce-Ada's rounds) is taken inside the same call
+-- that records the result, so they cannot live in separate scripts.
 
 -- arguments, by name
 local now, wid = tonumber(ARGV[1]), ARGV[2]
@@ -160,7 +163,7 @@ local function count_up(field, n) incr[field] = (incr[field] or 0) + n end
 -- The pool's clock, in epochs: prompts consumed (groups opened + prompts skipped) per prompt.
 -- A prompt is visited about once per epoch whatever the number of policy versions in between,
 -- so a half-life on this clock keeps its history until its next visit (the store reads the
--- same clock as store.pool_clock).
+-- same clock as store.prompts.pool_clock).
 local function pool_clock()
   local n = redis.call('HLEN', PROMPTS)
   if n == 0 then return 0 end
