@@ -71,7 +71,7 @@ class StoredPosterior:
     alpha: float | None = None   # Beta(alpha, beta) as last updated, the prior included
     beta: float | None = None
     version: int | None = None   # the policy version at that update
-    clock: float | None = None   # the pool's clock in epochs at that update (store.prompts.pool_clock)
+    clock: float | None = None   # the pool's clock in epochs then (store.prompts.pool_clock)
     groups: int = 0
     committed: int = 0
     abandoned: int = 0
