@@ -41,12 +41,15 @@ METHODS: dict[str, dict[str, Any]] = {
     "sara_greso": {"policy": "sara", "tau_low": 0.5, "selection": "greso"},
     # groups of k delivered from rounds of 2k up to 8k (its reference settings' proportions)
     "reinforce_ada": {"policy": "reinforce_ada", "ada_round": 2, "ada_rounds": 4},
+    # a pilot of k, in-band prompts filled to 4k (its scripts' proportions); a step's batch is
+    # B/4 such groups, the same rollouts as B groups of k
+    "pilot_commit": {"policy": "pilot_commit", "pc_groups": 4},
 }
 LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
           "sara_history": "SARA + history", "dps": "DPS", "mopps": "MoPPS",
           "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO",
-          "reinforce_ada": "Reinforce-Ada"}
+          "reinforce_ada": "Reinforce-Ada", "pilot_commit": "Pilot-Commit"}
 # where a run's evaluations ran: in a child process while training went on. The recordings
 # before this (on the trainer's thread, which paused for each) have no such field; their seconds
 # are not comparable, so a resumed recording does not reuse them
@@ -157,6 +160,9 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
     if "ada_round" in spec:   # Reinforce-Ada: its budget per prompt, kept at k when delivered
         scheduler.update(group_size=spec["ada_round"] * spec["ada_rounds"] * protocol.k,
                          ada_round=spec["ada_round"] * protocol.k, ada_keep=protocol.k)
+    if "pc_groups" in spec:   # Pilot-Commit: whole committed groups, the batch fixed in rollouts
+        scheduler.update(group_size=spec["pc_groups"] * protocol.k, pc_pilot=protocol.k,
+                         batch_size=max(1, protocol.batch_groups // spec["pc_groups"]))
     return DemoConfig(
         seed=seed, out=str(work), progress=False, group_size=protocol.k,
         batch_groups=protocol.batch_groups, lr=lr, rl_steps=1_000_000, compare=False,
@@ -284,6 +290,8 @@ def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, s
             "groups_opened": counters.groups_opened,
             "groups_delivered": sum(h["groups"] for h in history),
             "groups_mixed": sum(h["groups_mixed"] for h in history),
+            # rollouts in a delivered group: k, except Pilot-Commit's whole committed groups
+            "group_rollouts": METHODS[method].get("pc_groups", 1) * protocol.k,
             "batch_sizes": sorted({h["groups"] for h in history}),
             "seconds": round(seconds, 1), "curve": curve,
             "transitions": evaluator.transitions()}

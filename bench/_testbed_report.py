@@ -44,6 +44,13 @@ def cost_to(run: dict[str, Any], target: float, cost: str) -> float | None:
     return first_crossing([(p[cost], p["accuracy"]) for p in run["curve"]], target)
 
 
+def mixed_groups_of_k(run: dict[str, Any]) -> float:
+    """The run's mixed groups, counted in groups of k (Pilot-Commit delivers groups of 4k)."""
+    if "group_rollouts" not in run:   # recorded before Pilot-Commit: every group was k
+        return run["groups_mixed"]
+    return run["groups_mixed"] * run["group_rollouts"] / run["protocol"]["k"]
+
+
 def method_summary(runs: list[dict[str, Any]], method: str, budget: int) -> dict[str, Any]:
     """One method's figures over its seeds; each a (mean, 95% half-width[, seeds]) tuple."""
     mine = [r for r in runs if r["method"] == method]
@@ -72,7 +79,7 @@ def method_summary(runs: list[dict[str, Any]], method: str, budget: int) -> dict
         out[f"acc_at_{frac:g}"] = mean_ci([a if a is not None else final_accuracy(r)
                                            for a, r in zip(accs, mine)])
     out["final_accuracy"] = mean_ci([final_accuracy(r) for r in mine])
-    out["rollouts_per_mixed_group"] = mean_ci([r["rollouts"] / max(1, r["groups_mixed"])
+    out["rollouts_per_mixed_group"] = mean_ci([r["rollouts"] / max(1, mixed_groups_of_k(r))
                                                for r in mine])
     # equal optimizer steps separates what a batch teaches from what it costs
     at_steps = [value_at([(p["steps"], p["accuracy"]) for p in r["curve"]], EQUAL_STEPS)

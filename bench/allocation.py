@@ -133,21 +133,33 @@ class Method:
     ada_rule: str = "balanced"     # Reinforce-Ada's stop rule (policy reinforce_ada)
 
     @property
+    def peer(self) -> bool:
+        """A peer allocator's policy (Reinforce-Ada, Pilot-Commit): no closed form, no model."""
+        return self.policy in ("reinforce_ada", "pilot_commit")
+
+    @property
     def exact(self) -> bool:
         return (self.selection == "epoch" and self.prior == "uniform" and self.tau != "auto"
-                and self.policy != "reinforce_ada")
+                and not self.peer)
 
     def budget(self, k: int) -> int:
-        """Rollouts one group may draw: k, or under Reinforce-Ada its rounds' total (`ADA`)."""
-        return ADA["rounds"] * ADA["round"] * k if self.policy == "reinforce_ada" else k
+        """Rollouts one group may draw: k, or under Reinforce-Ada its rounds' total (`ADA`),
+        under Pilot-Commit its committed group (`PILOT`)."""
+        if self.policy == "reinforce_ada":
+            return ADA["rounds"] * ADA["round"] * k
+        return self.delivers(k)
+
+    def delivers(self, k: int) -> int:
+        """Rollouts in a delivered group: k, except Pilot-Commit's whole committed groups; the
+        bench counts such a group as that many groups of k (`drive`)."""
+        return PILOT["groups"] * k if self.policy == "pilot_commit" else k
 
     @property
     def modelled(self) -> bool:
         """The reference model covers it (not tau_low=auto: see `AUTO_NOTE`; not GRESO, whose
         rates step on the service's own counters: its expectation is its own seeds' spread; not
         Reinforce-Ada, which the reference model does not implement)."""
-        return (self.tau != "auto" and self.selection != "greso"
-                and self.policy != "reinforce_ada")
+        return self.tau != "auto" and self.selection != "greso" and not self.peer
 
     @property
     def abandons(self) -> bool:
@@ -180,10 +192,16 @@ METHODS = {m.key: m for m in (
     # Reinforce-Ada (balanced), at its reference settings' proportions (`ADA`)
     Method("reinforce_ada", "Reinforce-Ada", "reinforce_ada"),
     Method("reinforce_ada_pos", "Reinforce-Ada pos", "reinforce_ada", ada_rule="positive"),
+    # Pilot-Commit at its scripts' proportions (`PILOT`), solved prompts excluded
+    Method("pilot_commit", "Pilot-Commit", "pilot_commit"),
 )}
 # Reinforce-Ada's reference settings keep 4 rollouts a prompt, drawn in rounds of 8, at most 4
 # rounds: here it delivers groups of k like every other method, in rounds of 2k, up to 8k
 ADA = {"round": 2, "rounds": 4}
+# Pilot-Commit's scripts pilot 16 (or 32) rollouts and commit groups of 64 (or 128), the band of
+# pass rates [0.125, 0.75]: here a pilot of k and groups of 4k (at k = 16, the 16/64 script),
+# each delivered group counted as 4 groups of k
+PILOT = {"groups": 4, "band_low": 0.125, "band_high": 0.75}
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
 # the same code (sara_service.core.autoprice) on the same store reads, so it would check nothing
@@ -241,6 +259,9 @@ class Config:
         return decay, half_life
 
     def _rounds(self, method: Method) -> dict[str, Any]:
+        if method.policy == "pilot_commit":
+            return dict(pc_pilot=self.k, pc_band_low=PILOT["band_low"],
+                        pc_band_high=PILOT["band_high"])
         if method.policy != "reinforce_ada":
             return {}
         return dict(ada_round=ADA["round"] * self.k, ada_keep=self.k, ada_rule=method.ada_rule)
@@ -290,7 +311,11 @@ class Tally:
         """The shutdown workaround had to cancel the maintenance task once more."""
         self.shutdown_recancels += 1
 
-    def false_probability(self, gamma: float, n: int, failing: bool) -> float:
+    def false_probability(self, gamma: float, n: int, failing: bool | None) -> float:
+        """The chance the abandoned group's full budget would have been mixed; `failing` None
+        for a mixed prefix (Pilot-Commit abandons a mixed pilot outside its band): certain."""
+        if failing is None:
+            return 1.0
         rest = self.k - n
         return 1.0 - ((1.0 - gamma) ** rest if failing else gamma ** rest)
 
@@ -473,9 +498,11 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
                     continue
                 abandoned.add(gid)
                 seen = outcomes[gid]
-                if any(seen) and not all(seen):
+                mixed = any(seen) and not all(seen)
+                if mixed and method.policy != "pilot_commit":   # its band drops mixed pilots
                     tally.violations.append(f"group {gid} abandoned after a mixed prefix {seen}")
-                tally.abandons.append((tally.rounds, group_gamma[gid], len(seen), not seen[0]))
+                tally.abandons.append((tally.rounds, group_gamma[gid], len(seen),
+                                       None if mixed else not seen[0]))
                 tally.abandon_hist[len(seen)] = tally.abandon_hist.get(len(seen), 0) + 1
         counters = await api.counters()
         before, consumed = consumed, counters["groups_opened"] + counters["groups_skipped"]
@@ -490,10 +517,11 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
             for g in batch.groups:
                 wins = sum(1 for x in g.rewards if x >= 0.5)
                 mixed = 0 < wins < len(g.rewards)
-                effective += mixed
+                effective += mixed * (len(g.rewards) // cfg.k)   # groups of k it holds
                 delivered += len(g.rewards)
                 lag += batch.policy_version - group_minv.get(g.group_id, batch.policy_version)
-                if method.policy != "uniform" and (not mixed or len(g.rewards) != cfg.k):
+                if method.policy != "uniform" and (not mixed
+                                                   or len(g.rewards) != method.delivers(cfg.k)):
                     tally.violations.append(
                         f"delivered group {g.group_id}: {len(g.rewards)} rollouts, {wins} wins")
                 record = tally.groups.get(g.group_id)

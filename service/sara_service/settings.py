@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara", "reinforce_ada"]
+AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara", "reinforce_ada",
+                           "pilot_commit"]
 SelectionPolicy = Literal["epoch", "history", "dps", "mopps", "greso"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
@@ -40,8 +41,10 @@ class Settings(BaseSettings):
                            description="The run; several runs can share one Redis.")
 
     policy: AllocationPolicy = Field(
-        "sara", description="uniform, dynamic_sampling, sara or reinforce_ada (rounds of "
-                            "SARA_ADA_ROUND up to k, then kept at SARA_ADA_KEEP).")
+        "sara", description="uniform, dynamic_sampling, sara, reinforce_ada (rounds of "
+                            "SARA_ADA_ROUND up to k, then kept at SARA_ADA_KEEP) or pilot_commit "
+                            "(a pilot of SARA_PC_PILOT, filled to k when its pass rate lies in "
+                            "the band).")
     selection: SelectionPolicy = Field(
         "epoch", description="epoch, history, dps, mopps or greso: which prompts groups open on.")
     prior: PriorMode = Field(
@@ -117,6 +120,14 @@ class Settings(BaseSettings):
     ada_rule: Literal["balanced", "positive"] = Field(
         "balanced", description="Under reinforce_ada: stop once keep/2 successes and failures "
                                 "are in (balanced), or one success (positive).")
+    pc_pilot: int = Field(8, ge=2, le=1024, description="Under pilot_commit: rollouts in a "
+                                                        "prompt's pilot; k is the budget.")
+    pc_band_low: float = Field(0.125, ge=0.0, le=1.0, description="Under pilot_commit: the "
+                               "lowest pilot pass rate committed (inclusive).")
+    pc_band_high: float = Field(0.75, ge=0.0, le=1.0, description="Under pilot_commit: the "
+                                "highest pilot pass rate committed (inclusive).")
+    pc_exclude_solved: bool = Field(True, description="Under pilot_commit: a prompt whose "
+                                    "whole pilot succeeded is not sampled again in the run.")
 
     batch_size: int = Field(32, ge=1, le=4096, description="Groups per batch.")
     prefetch_batches: int = Field(2, ge=1, le=64, description="Flow-control depth, in batches.")
@@ -183,6 +194,8 @@ class Settings(BaseSettings):
                 f"{self.greso_p_min:g} and SARA_GRESO_P_MAX={self.greso_p_max:g}")
         if self.policy == "reinforce_ada":
             return self._rounds_can_run()
+        if self.policy == "pilot_commit":
+            return self._pilot_can_run()
         if self.effective == "reward":
             return self._reward_view_can_run()
         if self.tau_low == "auto":
@@ -214,6 +227,29 @@ class Settings(BaseSettings):
                              "abandoning): leave SARA_PRIOR=uniform and a fixed SARA_TAU_LOW")
         if self.effective == "reward":
             raise ValueError("SARA_POLICY=reinforce_ada counts successes and failures "
+                             "(SARA_EFFECTIVE=outcome); it does not run under the reward view")
+        return self
+
+    def _pilot_can_run(self) -> Settings:
+        """Refuse a Pilot-Commit configuration whose pilot or band cannot run (see
+        math.pilot_commit.pilot_band for the band's rule)."""
+        from .math.pilot_commit import pilot_band
+
+        if self.pc_pilot >= self.group_size:
+            raise ValueError(
+                f"SARA_POLICY=pilot_commit fills committed prompts to SARA_GROUP_SIZE="
+                f"{self.group_size}: make it larger than the pilot SARA_PC_PILOT={self.pc_pilot} "
+                "(its scripts: a pilot of a quarter of the group)")
+        try:
+            pilot_band(self.pc_pilot, self.pc_band_low, self.pc_band_high)
+        except ValueError as error:
+            raise ValueError(f"SARA_PC_BAND_LOW/SARA_PC_BAND_HIGH: {error}") from None
+        if self.prior == "history" or self.tau_low == "auto":
+            raise ValueError("SARA_POLICY=pilot_commit decides every group on its pilot (no "
+                             "abandoning rule): leave SARA_PRIOR=uniform and a fixed "
+                             "SARA_TAU_LOW")
+        if self.effective == "reward":
+            raise ValueError("SARA_POLICY=pilot_commit counts successes in the pilot "
                              "(SARA_EFFECTIVE=outcome); it does not run under the reward view")
         return self
 

@@ -11,7 +11,7 @@ Rollouts are scored by a script named in their prompt's `meta.script`:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -69,6 +69,19 @@ def result_for(rollout: dict[str, Any], reward: float | None = None,
             "reward": scripted_reward(rollout) if reward is None else reward,
             "completion": f"completion of {rollout['rollout_id']}", "completion_tokens": 5,
             "finish_reason": "stop", "policy_version": policy_version, **extra}
+
+
+async def sync_round(api: Api, reward: Callable[[dict[str, Any]], float],
+                     delivered: list[dict], rollouts: int) -> int:
+    """One round as a worker and a trainer in step: lease up to `rollouts`, report them with
+    `reward`, then take (and ack) every batch ready into `delivered`; the rollouts leased."""
+    lease = await api.lease("w1", rollouts)
+    if lease["rollouts"]:
+        await api.report("w1", [result_for(r, reward=reward(r)) for r in lease["rollouts"]])
+    while (r := await api.next_batch(size=1)).status_code == 200:
+        delivered += r.json()["groups"]
+        await api.ok("POST", f"/batches/{r.json()['batch_id']}/ack")
+    return len(lease["rollouts"])
 
 
 class Api:

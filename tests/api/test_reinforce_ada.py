@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import prompt_spec, result_for, slot_of
+from .conftest import prompt_spec, slot_of, sync_round
 
 pytestmark = pytest.mark.anyio
 
@@ -23,13 +23,7 @@ def reward(rollout: dict) -> float:
 
 
 async def _round(api, delivered: list[dict]) -> int:
-    lease = await api.lease("w1", 16)
-    if lease["rollouts"]:
-        await api.report("w1", [result_for(r, reward=reward(r)) for r in lease["rollouts"]])
-    while (r := await api.next_batch(size=1)).status_code == 200:
-        delivered += r.json()["groups"]
-        await api.ok("POST", f"/batches/{r.json()['batch_id']}/ack")
-    return len(lease["rollouts"])
+    return await sync_round(api, reward, delivered, 16)
 
 
 async def _run(api) -> list[dict]:

@@ -330,3 +330,26 @@ def test_reinforce_ada_runs_under_its_league_key_and_delivers_groups_of_k(tmp_pa
         assert ada["counters"]["groups_dropped_saturated"] > 0
         assert ada["rollouts_per_effective"] > rows["ds"]["rollouts_per_effective"]
         assert ada["useful_fraction"] < rows["ds"]["useful_fraction"]   # k kept of what it drew
+
+
+def test_pilot_commit_runs_under_its_league_key_and_delivers_whole_committed_groups(tmp_path):
+    """pilot_commit: a pilot of k, in-band prompts filled to 4k and delivered whole (the driver
+    flags any delivered group that is not 4k rollouts, mixed; it counts each as 4 groups of k);
+    a solved prompt is piloted once and then skipped for the run, a hopeless one pays its pilot
+    each epoch, so on a pool of many such prompts it pays less per group of k than DS, which
+    spends k on each, every epoch."""
+    rng = random.Random(5)
+    gammas = [0.0] * 32 + [1.0] * 16 + [rng.uniform(0.3, 0.7) for _ in range(48)]
+    pool = _write_pool(tmp_path / "pool.jsonl", gammas)
+    prefix = tmp_path / "pc"
+    code = bench.main(["--pool-file", str(pool), "--k", "4", "--methods", "ds,pilot_commit",
+                       "--groups", "256", "--model-reps", "0", "--no-progress",
+                       "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r["measured"] for r in
+            json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    pc = rows["pilot_commit"]
+    assert pc["n_violations"] == 0, pc["violations"]
+    assert pc["counters"]["groups_skipped"] > 0          # the solved prompts, excluded
+    assert pc["counters"]["groups_abandoned"] > 0
+    assert pc["rollouts_per_effective"] < rows["ds"]["rollouts_per_effective"]

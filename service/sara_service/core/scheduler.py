@@ -36,6 +36,7 @@ from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
     plan_levels_history,
 )
+from ..math.pilot_commit import excluded, pilot_band, plan_pilot
 from ..math.reinforce_ada import keep_slots, plan_rounds, round_rule
 from ..math.selection import (
     DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
@@ -116,6 +117,9 @@ class Scheduler:
         if s.policy == "reinforce_ada":
             return plan_rounds(s.group_size, s.prior_alpha, s.prior_beta,
                                round_rule(s.ada_round, s.ada_keep, s.ada_rule))
+        if s.policy == "pilot_commit":
+            return plan_pilot(s.group_size, s.prior_alpha, s.prior_beta,
+                              pilot_band(s.pc_pilot, s.pc_band_low, s.pc_band_high))
         if self.reward_view:
             return plan_levels(s.policy, s.group_size, self._levels, s.prior_alpha,
                                float(s.tau_low))
@@ -124,8 +128,20 @@ class Scheduler:
     @property
     def commit(self) -> str:
         """How committed groups are filled: Reinforce-Ada's are delivered as they stand (each
-        stops at the end of a round), every other policy's as SARA_COMMIT says."""
-        return "partial" if self.settings.policy == "reinforce_ada" else self.settings.commit
+        stops at the end of a round), Pilot-Commit's filled to k (its commit is the budget),
+        every other policy's as SARA_COMMIT says."""
+        policy = self.settings.policy
+        if policy == "reinforce_ada":
+            return "partial"
+        return "complete" if policy == "pilot_commit" else self.settings.commit
+
+    @property
+    def _one_plan_in_order(self) -> bool:
+        """Every prompt drawn opens a group under the run's one plan, with no read of its
+        history: a uniform prior, epoch selection, and no solved prompts to exclude."""
+        s = self.settings
+        return (s.prior == "uniform" and s.selection == "epoch"
+                and not (s.policy == "pilot_commit" and s.pc_exclude_solved))
 
     async def _refresh_levels(self) -> None:
         """Under the reward view, plan for every level the run has seen (the set only grows):
@@ -209,7 +225,7 @@ class Scheduler:
         if self.auto is not None:
             await self.auto.refresh(self.store, (await self.store.policy.get_policy()).version)
             self._prior_plan = self.auto.fresh_plan()
-        if s.prior == "uniform" and s.selection == "epoch":
+        if self._one_plan_in_order:
             if self._prior_plan.skip:   # Settings refuse this; never open a group issuing nothing
                 return [], len(pids)
             return [(_new_id("g"), pid, self._prior_plan) for pid in pids], 0
@@ -220,7 +236,7 @@ class Scheduler:
                  else [True] * len(pids))
         chosen, skipped = [], 0
         for pid, post, kept in zip(pids, posts, keeps):
-            if not kept:
+            if not kept or self._excluded(post):
                 skipped += 1
                 continue
             a, b = self._posterior_now(post, version, clock)
@@ -235,6 +251,12 @@ class Scheduler:
                 continue
             chosen.append((_new_id("g"), pid, plan))
         return chosen, skipped
+
+    def _excluded(self, post: StoredPosterior) -> bool:
+        """Under pilot_commit, a prompt whose last pilot was solved is not sampled again."""
+        s = self.settings
+        return (s.policy == "pilot_commit" and s.pc_exclude_solved
+                and excluded(*greso_streak(post.observations)))
 
     async def _greso_keeps(self, posts: list[StoredPosterior], version: int, clock: float
                            ) -> list[bool]:
@@ -317,7 +339,7 @@ class Scheduler:
         """What a lease needs to open groups itself; None unless every group gets the run's one
         plan in epoch order (a uniform prior, epoch selection, a fixed tau_low)."""
         s, plan = self.settings, self._prior_plan
-        if s.prior != "uniform" or s.selection != "epoch" or self.auto is not None or plan.skip:
+        if not self._one_plan_in_order or self.auto is not None or plan.skip:
             return None
         count = min(self.flow_target, math.ceil(max_rollouts / max(1, plan.initial_issue)))
         return Opening(plan, self.commit, s.audit_fraction, s.seed,

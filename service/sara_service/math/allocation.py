@@ -221,7 +221,9 @@ class GroupPlan:
     plans, (level, threshold, p_eff table up to it) for each reward level the prompt has
     produced; a run at any other level uses after_failures and p_eff_fail (empty otherwise).
     rounds: (round size, successes and failures that stop it) for a group sampled in rounds
-    (Reinforce-Ada, `math.reinforce_ada`); empty otherwise.
+    (Reinforce-Ada, `math.reinforce_ada`); empty otherwise. pilot: (pilot size, fewest and most
+    successes committed) for a group decided on its pilot (Pilot-Commit, `math.pilot_commit`);
+    empty otherwise.
     """
 
     policy: str
@@ -234,6 +236,7 @@ class GroupPlan:
     deliver_saturated: bool
     by_level: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
     rounds: tuple[int, ...] = ()
+    pilot: tuple[int, ...] = ()
 
     @property
     def skip(self) -> bool:

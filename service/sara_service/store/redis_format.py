@@ -36,6 +36,9 @@ Group hash fields (`group:<id>`):
                          the prompt has produced; a run at any other level uses thr_f and pf
     ra                   a group sampled in rounds (Reinforce-Ada): "<round size>,<successes>,
                          <failures>", the round issued at a time and the outcomes that stop it
+    pc                   a group decided on its pilot (Pilot-Commit): "<pilot>,<low>,<high>",
+                         committed (filled to k) when the complete pilot's successes lie in
+                         [low, high], abandoned otherwise
     r:<slot>             the slot's result JSON (RolloutResult)
     learned:<slot>       1 once the slot taught its prompt's posterior
     errors:<slot>        worker errors reported for the slot
@@ -127,6 +130,7 @@ class GroupField:
     p_eff_after_failures, p_eff_after_successes = "pf", "ps"  # JSON lists: entry n after n only
     deliver_saturated, commit, audit, audited = "deliver_sat", "commit", "audit", "audited"
     rounds = "ra"  # Reinforce-Ada's round rule
+    pilot = "pc"  # Pilot-Commit's pilot and band
     first_level, at_first_level, at_other_levels = "lv", "lvn", "lvx"  # the reward view
     plans_by_level = "lp"  # the reward view under per-prompt plans
 
@@ -168,6 +172,8 @@ def _plan_fields(plan: GroupPlan, commit: str) -> dict[str, Any]:
               "commit": commit}
     if plan.rounds:
         fields["ra"] = ",".join(str(x) for x in plan.rounds)
+    if plan.pilot:
+        fields["pc"] = ",".join(str(x) for x in plan.pilot)
     if plan.by_level:
         fields["lp"] = _plans_by_level(plan)
     return fields

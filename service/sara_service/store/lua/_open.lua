@@ -10,9 +10,9 @@
 -- K names the keys: stats, open (open_groups zset), pending, slots, states (group_states),
 -- prompt (group_prompt), posteriors, off (prompts_off), yield (open_yield), wake;
 -- group_key(i) is the i-th spec's group hash. A spec is {gid, pid, k, thr_f, thr_s, issue, pf,
--- ps, p0, deliver_sat, commit, lp?, ra?}: pf and ps the p_eff tables as JSON text, stored
--- verbatim, and lp (per-level plans under the reward view's per-prompt plans) and ra (a round
--- rule, Reinforce-Ada's) likewise, when present.
+-- ps, p0, deliver_sat, commit, lp?, ra?, pc?}: pf and ps the p_eff tables as JSON text, stored
+-- verbatim, and lp (per-level plans under the reward view's per-prompt plans), ra (a round
+-- rule, Reinforce-Ada's) and pc (a pilot and its band, Pilot-Commit's) likewise, when present.
 
 -- A group is audited by a hash of (seed, prompt, visit), not by its outcomes, so the audited
 -- groups are a uniform sample of the ones SARA would abandon; a hash keeps any replica and the
@@ -61,6 +61,7 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
         'audit', audit_draw(audit_fraction, seed, g.pid, visit), 'pf', g.pf, 'ps', g.ps)
       if g.lp then redis.call('HSET', group_key(i), 'lp', g.lp) end
       if g.ra then redis.call('HSET', group_key(i), 'ra', g.ra) end
+      if g.pc then redis.call('HSET', group_key(i), 'pc', g.pc) end
       states[#states + 1] = g.gid; states[#states + 1] = 'open'
       prompts[#prompts + 1] = g.gid; prompts[#prompts + 1] = g.pid
       zadds[#zadds + 1] = p0; zadds[#zadds + 1] = g.gid

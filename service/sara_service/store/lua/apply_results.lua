@@ -38,8 +38,8 @@
 -- The script is its library functions first, then a short driver at the end: read what the
 -- call touches, apply each result in order, write every key back once, answer.
 -- Past 400 lines because a report is one atomic step: every policy's decision (SARA, DS,
--- the reward view, per-prompt plans, Reinforce-Ada's rounds) is taken inside the same call
--- that records the result, so they cannot live in separate scripts.
+-- the reward view, per-prompt plans, Reinforce-Ada's rounds, Pilot-Commit's pilot) is taken
+-- inside the same call that records the result, so they cannot live in separate scripts.
 
 -- arguments, by name
 local now, wid = tonumber(ARGV[1]), ARGV[2]
@@ -111,7 +111,7 @@ local function set_slot(rid, st) slot[rid] = st; slot_writes[rid] = st end
 -- slot's error count only with a worker error for it: each field read costs as much as the rest)
 local GROUP_FIELDS = {'prompt_id', 'k', 'issued', 'done', 's', 'f', 'thr_f', 'thr_s',
   'deliver_sat', 'commit', 'audit', 'audited', 'min_v', 'cancelled', 'pf', 'ps', 'lv', 'lvn', 'lvx',
-  'ra'}
+  'ra', 'pc'}
 -- per-level plans are read only where they can exist
 if reward_view then GROUP_FIELDS[#GROUP_FIELDS + 1] = 'lp' end
 
@@ -137,7 +137,7 @@ local function read_groups()
         thr_s = tonumber(v[8]), deliver_sat = v[9] == '1', commit = v[10], audit = v[11] == '1',
         audited = v[12] == '1', min_v = v[13], cancelled = tonumber(v[14] or '0'), slot = {},
         w = {}, ptab = {pf = v[15], ps = v[16]}, lv = v[17], lvn = tonumber(v[18] or '0'),
-        lvx = tonumber(v[19] or '0'), ra = v[20], lp = reward_view and v[21] or nil}
+        lvx = tonumber(v[19] or '0'), ra = v[20], pc = v[21], lp = reward_view and v[22] or nil}
       for j = #GROUP_FIELDS + 1, #fields do g.slot[fields[j]] = v[j] end
       groups[gid] = g
     end
@@ -445,10 +445,39 @@ local function decide_round(g)
   return 'continue'
 end
 
+-- A group decided on its pilot (Pilot-Commit; math/pilot_commit.py is the reference): nothing
+-- is decided while its pilot is out; then it is committed (filled to k: its commit is
+-- 'complete') when the pilot's successes lie in the band [low, high], and abandoned otherwise.
+-- The band holds mixed pilots only, so a pilot all successes (a solved prompt, which the
+-- scheduler then excludes) or all failures is always abandoned, as is a mixed one outside it.
+local function decide_pilot(g)
+  if type(g.pc) == 'string' then
+    local pilot, low, high = string.match(g.pc, '^(%d+),(%d+),(%d+)$')
+    g.pc = {pilot = tonumber(pilot), low = tonumber(low), high = tonumber(high)}
+  end
+  if g.done < g.pc.pilot then
+    local p = 1
+    if g.s == 0 or g.f == 0 then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', g.done) end
+    g.w.p_eff = p
+    set_open(g.gid, p)
+    return 'continue'
+  end
+  if g.s >= g.pc.low and g.s <= g.pc.high then return commit_group(g) end
+  retire(g.gid, 'abandoned')
+  count_up('groups_abandoned', 1)
+  count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
+  hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
+  local side = 'M'
+  if g.s == 0 then side = 'F' elseif g.f == 0 then side = 'S' end
+  record_outcome(g.pid, 'abandoned', side)
+  return 'abandon'
+end
+
 -- Decide an open group after one more outcome; returns the decision.
 local function decide_open(g)
   local gid = g.gid
   if g.ra then return decide_round(g) end
+  if g.pc then return decide_pilot(g) end
   -- under the reward view the two sides are "at the first result's level" and "elsewhere": a
   -- group is mixed once its levels differ, and a pure prefix is always on the first side
   local s, f = g.s, g.f
