@@ -44,12 +44,15 @@ METHODS: dict[str, dict[str, Any]] = {
     # a pilot of k, in-band prompts filled to 4k (its scripts' proportions); a step's batch is
     # B/4 such groups, the same rollouts as B groups of k
     "pilot_commit": {"policy": "pilot_commit", "pc_groups": 4},
+    # the same, its pilot stopped by SARA's rule (tau_low 0.5 on a group the pilot's size)
+    "sara_pilot_commit": {"policy": "pilot_commit", "pc_groups": 4, "pc_tau_low": 0.5},
 }
 LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
           "sara_history": "SARA + history", "dps": "DPS", "mopps": "MoPPS",
           "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO",
-          "reinforce_ada": "Reinforce-Ada", "pilot_commit": "Pilot-Commit"}
+          "reinforce_ada": "Reinforce-Ada", "pilot_commit": "Pilot-Commit",
+          "sara_pilot_commit": "SARA + Pilot-Commit"}
 # where a run's evaluations ran: in a child process while training went on. The recordings
 # before this (on the trainer's thread, which paused for each) have no such field; their seconds
 # are not comparable, so a resumed recording does not reuse them
@@ -156,7 +159,7 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
     from sara_demo.config import DemoConfig
 
     spec = METHODS[method]
-    scheduler = {key: spec[key] for key in ("tau_low", "prior") if key in spec}
+    scheduler = {key: spec[key] for key in ("tau_low", "prior", "pc_tau_low") if key in spec}
     if "ada_round" in spec:   # Reinforce-Ada: its budget per prompt, kept at k when delivered
         scheduler.update(group_size=spec["ada_round"] * spec["ada_rounds"] * protocol.k,
                          ada_round=spec["ada_round"] * protocol.k, ada_keep=protocol.k)

@@ -131,6 +131,7 @@ class Method:
     dps_censored: bool = True      # False: an abandoned group teaches DPS a full pure label
     auto_price: str = "rollouts"   # under tau "auto": "tokens" prices rollouts by their length
     ada_rule: str = "balanced"     # Reinforce-Ada's stop rule (policy reinforce_ada)
+    pc_tau: float | None = None    # Pilot-Commit composed with SARA's stopping on the pilot
 
     @property
     def peer(self) -> bool:
@@ -194,6 +195,7 @@ METHODS = {m.key: m for m in (
     Method("reinforce_ada_pos", "Reinforce-Ada pos", "reinforce_ada", ada_rule="positive"),
     # Pilot-Commit at its scripts' proportions (`PILOT`), solved prompts excluded
     Method("pilot_commit", "Pilot-Commit", "pilot_commit"),
+    Method("sara_pilot_commit", "SARA+Pilot-Commit", "pilot_commit", pc_tau=0.5),
 )}
 # Reinforce-Ada's reference settings keep 4 rollouts a prompt, drawn in rounds of 8, at most 4
 # rounds: here it delivers groups of k like every other method, in rounds of 2k, up to 8k
@@ -261,7 +263,7 @@ class Config:
     def _rounds(self, method: Method) -> dict[str, Any]:
         if method.policy == "pilot_commit":
             return dict(pc_pilot=self.k, pc_band_low=PILOT["band_low"],
-                        pc_band_high=PILOT["band_high"])
+                        pc_band_high=PILOT["band_high"], pc_tau_low=method.pc_tau)
         if method.policy != "reinforce_ada":
             return {}
         return dict(ada_round=ADA["round"] * self.k, ada_keep=self.k, ada_rule=method.ada_rule)

@@ -126,6 +126,10 @@ class Settings(BaseSettings):
                                "lowest pilot pass rate committed (inclusive).")
     pc_band_high: float = Field(0.75, ge=0.0, le=1.0, description="Under pilot_commit: the "
                                 "highest pilot pass rate committed (inclusive).")
+    pc_tau_low: float | None = Field(
+        None, gt=0.0, le=1.0, description="Under pilot_commit: SARA's stopping on the pilot: "
+        "issue it up to SARA's threshold on failures for tau_low and abandon a prefix that "
+        "failed throughout there (unset: the pilot runs whole, as in its paper).")
     pc_exclude_solved: bool = Field(True, description="Under pilot_commit: a prompt whose "
                                     "whole pilot succeeded is not sampled again in the run.")
 
@@ -233,7 +237,7 @@ class Settings(BaseSettings):
     def _pilot_can_run(self) -> Settings:
         """Refuse a Pilot-Commit configuration whose pilot or band cannot run (see
         math.pilot_commit.pilot_band for the band's rule)."""
-        from .math.pilot_commit import pilot_band
+        from .math.pilot_commit import pilot_band, plan_pilot
 
         if self.pc_pilot >= self.group_size:
             raise ValueError(
@@ -241,9 +245,13 @@ class Settings(BaseSettings):
                 f"{self.group_size}: make it larger than the pilot SARA_PC_PILOT={self.pc_pilot} "
                 "(its scripts: a pilot of a quarter of the group)")
         try:
-            pilot_band(self.pc_pilot, self.pc_band_low, self.pc_band_high)
+            band = pilot_band(self.pc_pilot, self.pc_band_low, self.pc_band_high)
         except ValueError as error:
             raise ValueError(f"SARA_PC_BAND_LOW/SARA_PC_BAND_HIGH: {error}") from None
+        try:
+            plan_pilot(self.group_size, self.prior_alpha, self.prior_beta, band, self.pc_tau_low)
+        except ValueError as error:
+            raise ValueError(f"SARA_PC_TAU_LOW: {error}") from None
         if self.prior == "history" or self.tau_low == "auto":
             raise ValueError("SARA_POLICY=pilot_commit decides every group on its pilot (no "
                              "abandoning rule): leave SARA_PRIOR=uniform and a fixed "

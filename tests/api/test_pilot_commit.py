@@ -64,3 +64,5 @@ async def test_pilot_commit_refuses_a_pilot_or_band_that_cannot_run(make_app):
         make_app(policy="pilot_commit", group_size=32, pc_pilot=8, pc_band_low=0.0)
     with pytest.raises(ValidationError, match="leave SARA_PRIOR=uniform"):
         make_app(policy="pilot_commit", group_size=32, tau_low="auto")
+    with pytest.raises(ValidationError, match="SARA_PC_TAU_LOW: .*before its first rollout"):
+        make_app(policy="pilot_commit", group_size=32, pc_pilot=8, pc_tau_low=1.0)

@@ -342,8 +342,8 @@ def test_pilot_commit_runs_under_its_league_key_and_delivers_whole_committed_gro
     gammas = [0.0] * 32 + [1.0] * 16 + [rng.uniform(0.3, 0.7) for _ in range(48)]
     pool = _write_pool(tmp_path / "pool.jsonl", gammas)
     prefix = tmp_path / "pc"
-    code = bench.main(["--pool-file", str(pool), "--k", "4", "--methods", "ds,pilot_commit",
-                       "--groups", "256", "--model-reps", "0", "--no-progress",
+    code = bench.main(["--pool-file", str(pool), "--k", "4", "--methods",
+                       "ds,pilot_commit,sara_pilot_commit", "--groups", "256", "--model-reps", "0", "--no-progress",
                        "--out", str(prefix)])
     assert code == 0
     rows = {r["method"]: r["measured"] for r in
@@ -353,3 +353,7 @@ def test_pilot_commit_runs_under_its_league_key_and_delivers_whole_committed_gro
     assert pc["counters"]["groups_skipped"] > 0          # the solved prompts, excluded
     assert pc["counters"]["groups_abandoned"] > 0
     assert pc["rollouts_per_effective"] < rows["ds"]["rollouts_per_effective"]
+    # SARA's stopping spends less on the hopeless prompts' pilots, the rest alike
+    sara_pc = rows["sara_pilot_commit"]
+    assert sara_pc["n_violations"] == 0, sara_pc["violations"]
+    assert sara_pc["rollouts_per_effective"] < pc["rollouts_per_effective"]

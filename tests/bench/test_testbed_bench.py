@@ -143,7 +143,9 @@ def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
         # Reinforce-Ada: groups of k delivered from rounds of 2k, up to 8k a prompt
         ("reinforce_ada", "epoch", (("ada_keep", 8), ("ada_round", 16), ("group_size", 64))),
         # Pilot-Commit: a pilot of k, groups of 4k, B/4 of them a step (the same rollouts)
-        ("pilot_commit", "epoch", (("batch_size", 4), ("group_size", 32), ("pc_pilot", 8)))}
+        ("pilot_commit", "epoch", (("batch_size", 4), ("group_size", 32), ("pc_pilot", 8))),
+        ("pilot_commit", "epoch", (("batch_size", 4), ("group_size", 32), ("pc_pilot", 8),
+                                   ("pc_tau_low", 0.5)))}
     shared = {(c.seed, c.lr, c.batch_groups, c.group_size, c.rollout_budget,
                tuple(sorted(c.trainer_options.items()))) for c in configs.values()}
     assert len(shared) == 1
@@ -219,7 +221,7 @@ def test_the_run_record_names_its_warm_start():
 # selection (model-based: DPS; filter: GRESO) and the matched batch sizer, ~40 s a run here. The
 # other keys differ from these only in scheduler settings
 # (test_methods_differ_only_in_their_scheduler_settings), each of which tests/api runs; all
-# thirteen at CI size would be 8-9 minutes of CI for no further code path.
+# fourteen at CI size would be 9-10 minutes of CI for no further code path.
 QUICK_METHODS = ("ds", "sara", "uniform", "uniform_matched", "sara_dps", "sara_greso",
                  "reinforce_ada", "pilot_commit")
 

@@ -5,8 +5,9 @@ pilot, and which prompts are excluded."""
 from __future__ import annotations
 
 import pytest
+from sara_service.math.allocation import p_eff
 from sara_service.math.pilot_commit import (
-    PilotBand, decide_pilot, excluded, pilot_band, plan_pilot,
+    PilotBand, decide_pilot, excluded, pilot_band, pilot_issued, plan_pilot,
 )
 
 
@@ -57,3 +58,24 @@ def test_a_pilot_is_decided_only_when_complete_and_then_on_its_band():
 def test_only_a_prompt_whose_last_group_ended_all_successes_is_excluded():
     assert excluded("S", 1) and excluded("S", 3)
     assert not excluded("F", 2) and not excluded("M", 0)
+
+
+def test_sara_stopping_issues_the_pilot_to_its_threshold_and_stops_a_failing_prefix():
+    band = pilot_band(8, 0.125, 0.75)
+    plan = plan_pilot(32, 1.0, 1.0, band, tau_low=0.5)
+    # SARA's threshold for a group of 8: the first all-fail prefix whose chance of a mixed group
+    # of 8 (allocation.p_eff) is below tau_low
+    thr = plan.after_failures
+    assert p_eff(thr, 0, 8, 1.0, 1.0) < 0.5 <= p_eff(thr - 1, 0, 8, 1.0, 1.0)
+    assert plan.initial_issue == thr < 8
+    assert decide_pilot([False] * (thr - 1), band, thr) == "continue"
+    assert decide_pilot([False] * thr, band, thr) == "abandon"
+    assert decide_pilot([True] + [False] * (thr - 1), band, thr) == "continue"
+    assert decide_pilot([True] * 7, band, thr) == "continue"   # a solved pilot runs whole
+    assert pilot_issued([False] * (thr - 1), band, thr) == thr
+    assert pilot_issued([False, True], band, thr) == 8
+    # without it the pilot is issued whole and never stopped
+    whole = plan_pilot(32, 1.0, 1.0, band)
+    assert whole.initial_issue == 8 and whole.after_failures == 33
+    with pytest.raises(ValueError, match="before its first rollout"):
+        plan_pilot(32, 1.0, 1.0, band, tau_low=1.0)

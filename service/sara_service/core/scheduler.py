@@ -119,7 +119,8 @@ class Scheduler:
                                round_rule(s.ada_round, s.ada_keep, s.ada_rule))
         if s.policy == "pilot_commit":
             return plan_pilot(s.group_size, s.prior_alpha, s.prior_beta,
-                              pilot_band(s.pc_pilot, s.pc_band_low, s.pc_band_high))
+                              pilot_band(s.pc_pilot, s.pc_band_low, s.pc_band_high),
+                              s.pc_tau_low)
         if self.reward_view:
             return plan_levels(s.policy, s.group_size, self._levels, s.prior_alpha,
                                float(s.tau_low))

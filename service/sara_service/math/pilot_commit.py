@@ -20,9 +20,11 @@ Where this engine differs from the paper's code, and why:
   (dropped once more than 4 steps old). Ours is never staler than the buffer allows, so the
   staleness cap holds trivially: the buffer exists there to batch generation in lock-step rounds,
   which this engine does not run;
-- the pilot is decided when it is complete, never before: stopping it early (SARA's rule) would
-  lose the "solved" verdict, and at the scripts' band an out-of-band prefix is only certain on
-  the pilot's last rollout or two;
+- the paper's pilot always runs whole. Composed with SARA's stopping (`after_failures`, from
+  SARA_PC_TAU_LOW), a pilot is issued only up to SARA's threshold on failures and abandoned
+  when that prefix failed throughout: its chance of ending mixed, under the prior, has fallen
+  below tau_low (SARA's plan for a group the pilot's size). One success issues the rest of the
+  pilot. An all-success prefix is never stopped: that would lose the "solved" verdict;
 - a success is a reward >= SARA_SUCCESS_THRESHOLD (the paper's accuracy is 0/1);
 - its exclusion of solved prompts reads the prompt's outcome history (`excluded`), so it
   survives a restart; the paper's lives in the trainer's memory.
@@ -70,22 +72,44 @@ def pilot_band(pilot: int, band_low: float, band_high: float) -> PilotBand:
     return PilotBand(pilot, low, high)
 
 
-def plan_pilot(k: int, alpha0: float, beta0: float, band: PilotBand) -> GroupPlan:
-    """The plan of a Pilot-Commit group of budget k: Dynamic Sampling's (its p_eff tables, no
-    threshold rule), issuing the pilot at first, with the band the scripts decide on."""
+def plan_pilot(k: int, alpha0: float, beta0: float, band: PilotBand,
+               tau_low: float | None = None) -> GroupPlan:
+    """The plan of a Pilot-Commit group of budget k: Dynamic Sampling's p_eff tables, issuing
+    the pilot at first, with the band the scripts decide on. With `tau_low` (SARA's stopping
+    composed), `after_failures` is SARA's threshold on failures for a group of the pilot's
+    size, and only that many are issued at first; without it, the pilot runs whole (no
+    threshold: after_failures is k + 1)."""
     if band.pilot >= k:
         raise ValueError(f"the pilot ({band.pilot}) must be smaller than the budget k={k}")
     ds = plan_group("dynamic_sampling", k, alpha0, beta0, 0.0)
-    return replace(ds, policy="pilot_commit", initial_issue=band.pilot,
-                   pilot=(band.pilot, band.low, band.high))
+    after_failures, first = ds.after_failures, band.pilot
+    if tau_low is not None:
+        after_failures = plan_group("sara", band.pilot, alpha0, beta0, tau_low).after_failures
+        if after_failures < 1:
+            raise ValueError(f"tau_low={tau_low:g} would stop every pilot before its first "
+                             "rollout: lower it")
+        first = min(after_failures, band.pilot)
+    return replace(ds, policy="pilot_commit", initial_issue=first,
+                   after_failures=after_failures, pilot=(band.pilot, band.low, band.high))
 
 
-def decide_pilot(outcomes: Sequence[bool], band: PilotBand) -> str:
+def decide_pilot(outcomes: Sequence[bool], band: PilotBand, after_failures: int | None = None
+                 ) -> str:
     """The decision after a result of a group's pilot, with `outcomes` its results so far (True:
-    a success): "continue" until the pilot is complete, then "commit" in band, else "abandon"."""
+    a success): "continue" until the pilot is complete, then "commit" in band, else "abandon";
+    with `after_failures` (SARA's stopping) also "abandon" once that many failed and none
+    succeeded."""
+    wins = sum(1 for x in outcomes if x)
     if len(outcomes) < band.pilot:
-        return "continue"
-    return "commit" if band.in_band(sum(1 for x in outcomes if x)) else "abandon"
+        stopped = after_failures is not None and wins == 0 and len(outcomes) >= after_failures
+        return "abandon" if stopped else "continue"
+    return "commit" if band.in_band(wins) else "abandon"
+
+
+def pilot_issued(outcomes: Sequence[bool], band: PilotBand, first: int) -> int:
+    """Rollouts of the pilot issued after these outcomes, `first` issued at the start: the whole
+    pilot once one has succeeded (SARA's prefix is no longer pure failures)."""
+    return band.pilot if any(outcomes) else first
 
 
 def excluded(side: str, streak: int) -> bool:

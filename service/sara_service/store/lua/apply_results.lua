@@ -445,24 +445,11 @@ local function decide_round(g)
   return 'continue'
 end
 
--- A group decided on its pilot (Pilot-Commit; math/pilot_commit.py is the reference): nothing
--- is decided while its pilot is out; then it is committed (filled to k: its commit is
--- 'complete') when the pilot's successes lie in the band [low, high], and abandoned otherwise.
--- The band holds mixed pilots only, so a pilot all successes (a solved prompt, which the
--- scheduler then excludes) or all failures is always abandoned, as is a mixed one outside it.
-local function decide_pilot(g)
-  if type(g.pc) == 'string' then
-    local pilot, low, high = string.match(g.pc, '^(%d+),(%d+),(%d+)$')
-    g.pc = {pilot = tonumber(pilot), low = tonumber(low), high = tonumber(high)}
-  end
-  if g.done < g.pc.pilot then
-    local p = 1
-    if g.s == 0 or g.f == 0 then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', g.done) end
-    g.w.p_eff = p
-    set_open(g.gid, p)
-    return 'continue'
-  end
-  if g.s >= g.pc.low and g.s <= g.pc.high then return commit_group(g) end
+-- A pilot ends abandoned: out of its band, or stopped by SARA's rule. Its side (F, S, or M for a
+-- mixed pilot outside the band) goes to the prompt's history, where the scheduler reads a
+-- solved pilot (S) to exclude the prompt.
+local function abandon_pilot(g)
+  cancel_outstanding(g, g.issued)
   retire(g.gid, 'abandoned')
   count_up('groups_abandoned', 1)
   count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
@@ -471,6 +458,31 @@ local function decide_pilot(g)
   if g.s == 0 then side = 'F' elseif g.f == 0 then side = 'S' end
   record_outcome(g.pid, 'abandoned', side)
   return 'abandon'
+end
+
+-- A group decided on its pilot (Pilot-Commit; math/pilot_commit.py is the reference): once its
+-- pilot is complete it is committed (filled to k: its commit is 'complete') when the pilot's
+-- successes lie in the band [low, high], and abandoned otherwise. The band holds mixed pilots
+-- only, so a solved or hopeless pilot is always abandoned. Composed with SARA's stopping, thr_f
+-- is SARA's threshold for the pilot: only that many are issued at first, a prefix failing
+-- throughout is abandoned there, and its first success issues the rest of the pilot (without
+-- it, thr_f is k + 1 and the pilot is issued whole).
+local function decide_pilot(g)
+  if type(g.pc) == 'string' then
+    local pilot, low, high = string.match(g.pc, '^(%d+),(%d+),(%d+)$')
+    g.pc = {pilot = tonumber(pilot), low = tonumber(low), high = tonumber(high)}
+  end
+  if g.done >= g.pc.pilot then
+    if g.s >= g.pc.low and g.s <= g.pc.high then return commit_group(g) end
+    return abandon_pilot(g)
+  end
+  if g.s == 0 and g.f >= g.thr_f then return abandon_pilot(g) end
+  if g.s > 0 and g.issued < g.pc.pilot then issue(g, g.issued, g.pc.pilot) end
+  local p = 1
+  if g.s == 0 or g.f == 0 then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', g.done) end
+  g.w.p_eff = p
+  set_open(g.gid, p)
+  return 'continue'
 end
 
 -- Decide an open group after one more outcome; returns the decision.
