@@ -13,7 +13,10 @@ that order, so ``group_norm`` normalises within each block of n rows.
 :class:`SaraSamplesGenerator` is a drop-in for that object: ``generate_samples`` leases from SARA,
 has your ``generate`` function produce and score one completion per leased rollout, reports,
 and returns SARA's next batch as Experiences, each group's k rows contiguous (so
-``--rollout.n_samples_per_prompt`` must equal SARA's ``group_size``). With it,
+``--rollout.n_samples_per_prompt`` must equal SARA's ``group_size``, and every delivered group
+must hold that many: OpenRLHF's reshape would otherwise normalise across prompts, so a group of
+another size, from ``commit=partial``, Reinforce-Ada's kept rollouts or another group size, is
+refused with a ValueError). With it,
 ``dynamic_filtering_enable`` stays off: every delivered group is mixed. The Experiences are
 built as ``SamplesGenerator._process_response_into_experience`` builds them (the same fields,
 the same shifted action mask), from the response dicts :func:`rollout_response` makes.
@@ -129,20 +132,23 @@ class SaraSamplesGenerator:
     request per rollout to your vLLM engines, ``n=1``, honouring ``rollout.sampling``), scores
     it and returns SARA result dicts (``rollout_id``, ``reward``, ``token_ids``, ``logprobs``,
     ``completion_tokens``, ``finish_reason``); ``policy_version`` is filled in here.
-    ``groups_per_step`` is ``--rollout.batch_size`` (prompts per step). Each call first acks the
-    batch returned by the previous call and publishes the next policy version: by then
+    ``groups_per_step`` is ``--rollout.batch_size`` (prompts per step); ``samples_per_prompt`` is
+    ``--rollout.n_samples_per_prompt`` (else the ``n_samples_per_prompt`` generate kwarg, where
+    OpenRLHF passes one): a batch with a group of any other size is refused. Each call first
+    acks the batch returned by the previous call and publishes the next policy version: by then
     ``PPOTrainer.train_step`` has updated the actor and broadcast the weights to vLLM.
     """
 
     def __init__(self, sara: Any, generate: Generate, encode: Encode, *, groups_per_step: int,
                  worker_id: str = "openrlhf", lease_size: int = 64, max_len: int = 2048,
                  experience_cls: Any = None, eval_generator: Any = None,
-                 max_empty_leases: int = 100) -> None:
+                 max_empty_leases: int = 100, samples_per_prompt: int | None = None) -> None:
         self.sara, self.generate, self.encode = sara, generate, encode
         self.groups_per_step, self.worker_id, self.lease_size = groups_per_step, worker_id, \
             lease_size
         self.max_len, self.experience_cls = max_len, experience_cls
         self.eval_generator, self.max_empty_leases = eval_generator, max_empty_leases
+        self.samples_per_prompt = samples_per_prompt
         self.version = sara.get_policy().version
         self.pending_batch_id: str | None = None
         self.batches_acked = 0
@@ -177,10 +183,23 @@ class SaraSamplesGenerator:
         ``--train.num_episodes``/max steps); no filter pass rate (nothing is filtered)."""
         self._after_update()
         batch = self._fill(generate_kwargs)
+        self._check_group_sizes(batch, self.samples_per_prompt
+                                or generate_kwargs.get("n_samples_per_prompt"))
         self.pending_batch_id = batch.batch_id
         max_len = int(generate_kwargs.get("max_len", self.max_len))
         return (batch_to_experiences(batch, self.encode, self.experience_cls, max_len), None,
                 len(batch.groups), False)
+
+    @staticmethod
+    def _check_group_sizes(batch: Any, n: int | None) -> None:
+        """Refuse a group that is not n rows: OpenRLHF normalises by blocks of n rows."""
+        for group in batch.groups if n else ():
+            if len(group.rollouts) != n:
+                raise ValueError(
+                    f"group {group.group_id} holds {len(group.rollouts)} rollouts, not "
+                    f"n_samples_per_prompt={n}: OpenRLHF's advantages reshape rewards into rows "
+                    f"of {n}; run SARA with group_size={n} and commit=complete (a policy whose "
+                    "groups vary in size needs SARA's own trainer)")
 
     def generate_eval_samples(self, **generate_kwargs: Any) -> list[Any]:
         """Evaluation stays OpenRLHF's: delegate to the original generator, if given."""

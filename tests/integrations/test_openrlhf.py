@@ -71,3 +71,19 @@ def test_experiences_match_openrlhfs_own_builder(sara):
                      "rewards", "scores", "response_length", "truncated", "total_length"):
             assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
         assert (ours.prompts, ours.labels) == (theirs.prompts, theirs.labels)
+
+
+def test_a_group_of_another_size_than_n_samples_per_prompt_is_refused_not_reshaped(sara):
+    """OpenRLHF reshapes rewards into rows of n_samples_per_prompt: a group of any other size
+    (commit=partial, Reinforce-Ada's kept rollouts) would be normalised across prompts."""
+    rng = random.Random(7)
+    gen = glue.SaraSamplesGenerator(
+        sara, lambda rollouts, kw: fake_generate(rollouts, rng, sara.get_policy().version),
+        encode, groups_per_step=2, samples_per_prompt=K + 1)
+    with pytest.raises(ValueError, match=rf"holds {K} rollouts, not n_samples_per_prompt={K + 1}"):
+        gen.generate_samples(max_len=64)
+    assert gen.pending_batch_id is None      # nothing will be acked as trained
+    # the generate kwarg OpenRLHF passes is checked the same way
+    gen.samples_per_prompt = None
+    with pytest.raises(ValueError, match="commit=complete"):
+        gen.generate_samples(max_len=64, n_samples_per_prompt=K - 1)
