@@ -49,6 +49,12 @@ async def test_rounds_stop_on_balanced_signal_and_deliver_kept_rollouts(make_api
         assert sorted(r["reward"] for r in group["rollouts"]) == [0.0, 0.0, 1.0, 1.0]
         # easy ones stop after round 1, hard ones after round 4 (successes at 9 and 13)
         assert slots == ([0, 1, 2, 3] if group["prompt_id"][0] == "e" else [0, 1, 9, 13])
+        # a kept group carries every reward it drew (its baseline's pool); one whose every
+        # rollout is delivered carries none
+        if group["prompt_id"][0] == "e":
+            assert group["drawn_rewards"] is None
+        else:
+            assert group["drawn_rewards"] == [float(slot in (9, 13)) for slot in range(16)]
     assert {g["prompt_id"][0] for g in delivered} == {"e", "h"}
     for kind, count, spent in (("e", E, 4), ("h", H, 16), ("z", Z, 16)):
         for i in range(count):

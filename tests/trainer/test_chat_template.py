@@ -168,3 +168,20 @@ async def _hf_fill(sara, backend) -> None:
         raise AssertionError("the scheduler never stopped issuing rollouts")
     finally:
         await backend.close()
+
+
+def test_a_kept_group_takes_its_baseline_over_every_reward_it_drew(tiny):
+    """Updater.rows passes a group's drawn_rewards (Reinforce-Ada's kept groups) to the
+    advantage: Dr. GRPO's baseline is then the mean of all 8 drawn, not of the 2 kept."""
+    from sara_trainer.config import TrainerConfig
+    from sara_trainer.updating import Updater
+
+    model, tok = tiny
+    group = BatchGroup(group_id="g1", prompt_id="p", prompt="1+2=?", rollouts=[
+        BatchRollout(rollout_id=f"g1:{i}", completion="3", reward=float(i), completion_tokens=1,
+                     policy_version=0, token_ids=[5], logprobs=[-1.0]) for i in range(2)],
+        drawn_rewards=[0.0, 1.0] + [0.0] * 6)
+    for on, want in ((True, [-0.125, 0.875]), (False, [-0.5, 0.5])):
+        config = TrainerConfig(model="x", advantage_estimator="dr_grpo", drawn_baseline=on)
+        fake = types.SimpleNamespace(config=config, tokenizer=tok, model=model)
+        assert Updater.rows(fake, [group]).advantages == want

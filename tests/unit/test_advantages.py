@@ -132,3 +132,45 @@ def test_errors():
         compute_advantages([[0, float("nan")]], "grpo")
     with pytest.raises(ValueError):
         split_groups(np.zeros(3), [2, 2])
+
+
+def naive_drawn(groups, drawn, estimator, eps=EPS, unbiased=True):
+    """GRPO / Dr. GRPO with each group's mean and std over its drawn rewards where given."""
+    out = []
+    for g, pool in zip(groups, drawn):
+        pool = g if pool is None else pool
+        m, s = _mean(pool), _std(pool, unbiased)
+        for r in g:
+            if estimator == "dr_grpo":
+                out.append(r - m)
+            else:
+                out.append(0.0 if s == 0 else (r - m) / (s + eps))
+    return out
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_baseline_over_the_drawn_rewards_matches_the_naive_loop(estimator, data):
+    """Reinforce-Ada's "global statistics": a kept group's mean and std come from every reward
+    its prompt drew; a group without drawn rewards keeps its own."""
+    groups = data.draw(binary_groups)
+    drawn = [data.draw(st.none() | st.lists(st.sampled_from([0.0, 1.0]), min_size=len(g),
+                                            max_size=4 * len(g)).map(lambda extra, g=g: g + extra))
+             for g in groups]
+    for unbiased in (True, False):
+        got = compute_advantages(groups, estimator, eps=EPS, unbiased=unbiased, drawn=drawn)
+        want = naive_drawn(groups, drawn, estimator, unbiased=unbiased)
+        assert np.allclose(got, want, atol=ATOL)
+
+
+def test_the_drawn_baseline_moves_the_advantages_and_is_refused_where_undefined():
+    kept, drawn = [[1.0, 1.0, 0.0, 0.0]], [[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    own = compute_advantages(kept, "dr_grpo")
+    pooled = compute_advantages(kept, "dr_grpo", drawn=drawn)
+    assert list(own) == [0.5, 0.5, -0.5, -0.5]
+    assert list(pooled) == [0.75, 0.75, -0.25, -0.25]   # the pool's mean is 0.25
+    with pytest.raises(ValueError, match="only grpo, dr_grpo"):
+        compute_advantages(kept, "rloo", drawn=drawn)
+    with pytest.raises(ValueError, match="1 groups"):
+        compute_advantages(kept, "grpo", drawn=drawn * 2)

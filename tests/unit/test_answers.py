@@ -81,8 +81,8 @@ def test_a_batch_answer_is_the_models_answer():
     blobs = [_blob(policy_version=3), _blob(policy_version=3, token_ids=[1], logprobs=[-0.1]),
              b'{"rollout_id":"g2:1","reward":1.0,"completion":"null","completion_tokens":1,'
              b'"finish_reason":"stop","policy_version":2,"logprobs":[-0.25]}']
-    groups = [("g1", "p1", PROMPTS[0], blobs[:2]), ("g2", "p2", PROMPTS[1], blobs[2:]),
-              ("g3", "p3", {}, [])]
+    groups = [("g1", "p1", PROMPTS[0], blobs[:2], None),
+              ("g2", "p2", PROMPTS[1], blobs[2:], [0.0, 1.0, 0.0]), ("g3", "p3", {}, [], None)]
     stats = BatchStats(rollouts_spent=24, ds_rollouts_per_effective_group=12.5)
     sampling = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, seed=1)
     raw = batch_answer("b1", 3, 99.25, True, groups, stats, sampling)
@@ -91,7 +91,7 @@ def test_a_batch_answer_is_the_models_answer():
         batch_id="b1", policy_version=3, created_at=99.25, redelivered=True, stats=stats,
         sampling=sampling, groups=[BatchGroup(group_id=gid, prompt_id=pid, prompt=prompt.get("prompt", ""),
                            answer=prompt.get("answer"), task=prompt.get("task", "exact"),
-                           rollouts=rows)
-                for (gid, pid, prompt, _), rows in zip(groups, rollouts)])
+                           rollouts=rows, drawn_rewards=drawn)
+                for (gid, pid, prompt, _, drawn), rows in zip(groups, rollouts)])
     assert Batch.model_validate_json(raw) == expected
 

@@ -9,6 +9,11 @@ std 0):
 
 - ``grpo``: (r − group mean) / (group std + eps). A zero-variance group gives exactly 0.
 - ``dr_grpo``: r − group mean (Dr. GRPO: no division by std).
+
+For these two, ``drawn`` may give a group its baseline from more rewards than it delivers: every
+reward its prompt drew, when the delivered rollouts are a subset (Reinforce-Ada's kept ones;
+its paper's "global statistics": the mean and std over the whole pool of the prompt's
+responses). A group with no drawn rewards (None) takes its own.
 - ``rloo``: r_i − mean of the other rollouts of the group, = k/(k−1) (r_i − group mean);
   0 for a group of one.
 - ``reinforce_pp``: Reinforce++: (r − batch mean) / (batch std + eps), over every rollout of the
@@ -66,20 +71,39 @@ def split_groups(flat: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
     return np.split(np.asarray(flat), np.cumsum(sizes)[:-1]) if sizes else []
 
 
-def grpo(rewards: Iterable[Sequence[float]], eps: float = DEFAULT_EPS, unbiased: bool = True
-         ) -> np.ndarray:
+def _baseline_stats(rewards: Sequence[Sequence[float]], drawn: Sequence[Sequence[float] | None],
+                    sizes: np.ndarray, unbiased: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rollout group mean and std, each group's over its drawn rewards where it has them."""
+    pools = [r if d is None else d for r, d in zip(rewards, drawn)]
+    flat, pool_sizes = _flatten(pools)
+    mean, std = _group_stats(flat, pool_sizes, unbiased)
+    firsts = np.concatenate([[0], np.cumsum(pool_sizes)[:-1]]).astype(np.int64)
+    return np.repeat(mean[firsts], sizes), np.repeat(std[firsts], sizes)
+
+
+def _stats(rewards: Sequence[Sequence[float]], drawn: Sequence[Sequence[float] | None] | None,
+           unbiased: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat rewards, per-rollout baseline mean, per-rollout std)."""
     flat, sizes = _flatten(rewards)
-    mean, std = _group_stats(flat, sizes, unbiased)
+    if drawn is None:
+        return (flat, *_group_stats(flat, sizes, unbiased))
+    if len(drawn) != len(sizes):
+        raise ValueError(f"drawn has {len(drawn)} entries for {len(sizes)} groups")
+    return (flat, *_baseline_stats(rewards, drawn, sizes, unbiased))
+
+
+def grpo(rewards: Iterable[Sequence[float]], eps: float = DEFAULT_EPS, unbiased: bool = True,
+         drawn: Sequence[Sequence[float] | None] | None = None) -> np.ndarray:
+    flat, mean, std = _stats(list(rewards), drawn, unbiased)
     centred = flat - mean
     # A zero-variance group has centred == 0 exactly only up to rounding; force it.
     centred = np.where(std > 0, centred, 0.0)
     return centred / (std + eps)
 
 
-def dr_grpo(rewards: Iterable[Sequence[float]], eps: float = DEFAULT_EPS, unbiased: bool = True
-            ) -> np.ndarray:
-    flat, sizes = _flatten(rewards)
-    mean, _ = _group_stats(flat, sizes, unbiased)
+def dr_grpo(rewards: Iterable[Sequence[float]], eps: float = DEFAULT_EPS, unbiased: bool = True,
+            drawn: Sequence[Sequence[float] | None] | None = None) -> np.ndarray:
+    flat, mean, _ = _stats(list(rewards), drawn, unbiased)
     return flat - mean
 
 
@@ -123,12 +147,23 @@ ESTIMATORS: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
+# the estimators whose group baseline can come from the rewards a group drew (``drawn``)
+DRAWN_BASELINE = ("grpo", "dr_grpo")
+
+
 def compute_advantages(rewards: Iterable[Sequence[float]], estimator: str = "grpo",
-                       eps: float = DEFAULT_EPS, unbiased: bool = True) -> np.ndarray:
-    """Flat per-rollout advantages (float64) for ragged groups of rewards, by estimator name."""
+                       eps: float = DEFAULT_EPS, unbiased: bool = True,
+                       drawn: Sequence[Sequence[float] | None] | None = None) -> np.ndarray:
+    """Flat per-rollout advantages (float64) for ragged groups of rewards, by estimator name;
+    `drawn` (grpo, dr_grpo): per group, the rewards its baseline is taken over, or None."""
     try:
         fn = ESTIMATORS[estimator]
     except KeyError:
         raise ValueError(f"unknown advantage estimator {estimator!r}; choose from "
                          f"{', '.join(ESTIMATORS)}") from None
-    return fn(rewards, eps=eps, unbiased=unbiased)
+    if drawn is None:
+        return fn(rewards, eps=eps, unbiased=unbiased)
+    if estimator not in DRAWN_BASELINE:
+        raise ValueError(f"{estimator} takes no baseline over drawn rewards; only "
+                         f"{', '.join(DRAWN_BASELINE)} do")
+    return fn(rewards, eps=eps, unbiased=unbiased, drawn=drawn)

@@ -57,6 +57,10 @@ class TrainerConfig:
         default=1e-6, metadata=doc("added to the std that normalises advantages"))
     std_unbiased: bool = field(
         default=True, metadata=doc("Bessel-corrected std in GRPO / Reinforce++"))
+    drawn_baseline: bool = field(
+        default=True, metadata=doc("grpo/dr_grpo: a group delivered with the rewards it drew "
+                                   "(Reinforce-Ada's kept rollouts) takes its mean and std over "
+                                   "all of them, its paper's global statistics"))
     clip_eps_low: float = field(default=0.2, metadata=doc("PPO ratio clip below 1"))
     clip_eps_high: float = field(default=0.28, metadata=doc("DAPO clip-higher"))
     kl_coef: float = field(default=0.0, metadata=doc("k3 KL to the reference (initial) policy"))

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from sara_client.chat import render_prompt
 
-from .advantages import compute_advantages
+from .advantages import DRAWN_BASELINE, compute_advantages
 from .config import TrainerConfig
 from .fit import token_chunks
 from .logprobs import chunked_completion_logprobs
@@ -62,6 +62,17 @@ def learning_rate(config: TrainerConfig, step: int) -> float:
     return config.lr * min(1.0, (step + 1) / config.lr_warmup_steps)
 
 
+def drawn_pools(config: TrainerConfig, groups: Sequence[Any]) -> list[Any] | None:
+    """Per group, the rewards its baseline is taken over when it was delivered with more than
+    it holds (``drawn_baseline``; Reinforce-Ada's kept groups); None when no group was, or the
+    estimator takes none."""
+    drawn = [getattr(g, "drawn_rewards", None) for g in groups]
+    if (not config.drawn_baseline or config.advantage_estimator not in DRAWN_BASELINE
+            or all(d is None for d in drawn)):
+        return None
+    return drawn
+
+
 class Updater:
     """Updates the policy it holds on a batch's groups (see the module docstring)."""
 
@@ -84,7 +95,7 @@ class Updater:
             adv = [0.0] * sum(len(r) for r in rewards)
         else:
             adv = compute_advantages(rewards, cfg.advantage_estimator, eps=cfg.advantage_eps,
-                                     unbiased=cfg.std_unbiased)
+                                     unbiased=cfg.std_unbiased, drawn=drawn_pools(cfg, groups))
         # render_prompt is what the worker generated from: text as is, chat through the template
         prompts = [render_prompt(tok, g.prompt) for g in groups]
         limit = context_size(self.model)

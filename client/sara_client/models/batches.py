@@ -37,6 +37,11 @@ class BatchGroup(AnswerModel):
     answer: str | None = None
     task: str = "exact"
     rollouts: list[BatchRollout]
+    drawn_rewards: list[float] | None = Field(
+        None, description="Every reward the group drew, in slot order, when the rollouts "
+                          "delivered are a subset of them (SARA_POLICY=reinforce_ada keeps "
+                          "SARA_ADA_KEEP): the pool its paper takes the advantage baseline over "
+                          "('global statistics'); null when every rollout drawn is delivered.")
 
 
 class BatchStats(AnswerModel):

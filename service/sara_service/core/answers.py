@@ -26,8 +26,9 @@ from sara_client.models import BatchRollout, BatchStats, LeaseResponse, PolicyIn
 
 from ..store.leases import LeasedRollout
 
-# a group as a batch carries it: (group id, prompt id, stored prompt content, stored results)
-BatchGroupRows = tuple[str, str, dict[str, Any], list[bytes]]
+# a group as a batch carries it: (group id, prompt id, stored prompt content, stored results,
+# every reward drawn when the results are fewer, as Reinforce-Ada's kept rollouts are, else None)
+BatchGroupRows = tuple[str, str, dict[str, Any], list[bytes], list[float] | None]
 
 
 def _rollout(r: LeasedRollout, sampling: Any) -> dict[str, Any]:
@@ -65,12 +66,13 @@ def stored_result(raw: bytes) -> orjson.Fragment:
 def batch_answer(batch_id: str, policy_version: int, created_at: float, redelivered: bool,
                  groups: Sequence[BatchGroupRows], stats: BatchStats,
                  sampling: SamplingParams) -> bytes:
-    """A Batch's JSON: each group's stored prompt and results, in slot order. Every value in it
+    """A Batch's JSON: each group's stored prompt and results, in slot order, and the rewards it
+    drew where it delivers fewer. Every value in it
     is a number, a string, or JSON that was written by a model, so orjson writes all of it."""
     rows = [{"group_id": gid, "prompt_id": pid, "prompt": prompt.get("prompt", ""),
              "answer": prompt.get("answer"), "task": prompt.get("task", "exact"),
-             "rollouts": [stored_result(raw) for raw in results]}
-            for gid, pid, prompt, results in groups]
+             "rollouts": [stored_result(raw) for raw in results], "drawn_rewards": drawn}
+            for gid, pid, prompt, results, drawn in groups]
     return orjson.dumps({"batch_id": batch_id, "policy_version": policy_version,
                          "created_at": created_at, "redelivered": redelivered, "groups": rows,
                          "stats": orjson.Fragment(stats.model_dump_json()),

@@ -534,7 +534,7 @@ class Scheduler:
         rows = await self.store.groups.read_group_results(gids, self.settings.group_size,
                                                    decode=bytes)
         prompts = await self.store.prompts.read_prompts([pid for pid, _ in rows])
-        groups = [(gid, pid, prompt or {}, self._kept(results))
+        groups = [(gid, pid, prompt or {}, *self._kept(results))
                   for gid, (pid, results), prompt in zip(gids, rows, prompts)]
         stats = BatchStats.model_validate_json(meta["stats"])
         stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
@@ -542,14 +542,16 @@ class Scheduler:
                             float(meta["created_at"]), redelivered, groups, stats,
                             self._sampling)
 
-    def _kept(self, results: list[bytes]) -> list[bytes]:
-        """A group's results as delivered: under reinforce_ada down-sampled to SARA_ADA_KEEP
-        (`reinforce_ada.keep_slots`), every one otherwise."""
+    def _kept(self, results: list[bytes]) -> tuple[list[bytes], list[float] | None]:
+        """A group's results as delivered, and every reward it drew when those are fewer: under
+        reinforce_ada down-sampled to SARA_ADA_KEEP (`reinforce_ada.keep_slots`), every one
+        (and None) otherwise."""
         s = self.settings
         if s.policy != "reinforce_ada":
-            return results
-        wins = [json.loads(raw)["reward"] >= s.success_threshold for raw in results]
-        return [results[i] for i in keep_slots(wins, s.ada_keep)]
+            return results, None
+        rewards = [float(json.loads(raw)["reward"]) for raw in results]
+        kept = keep_slots([r >= s.success_threshold for r in rewards], s.ada_keep)
+        return [results[i] for i in kept], (rewards if len(kept) < len(results) else None)
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""

@@ -11,7 +11,8 @@ A prompt that leaves, or reaches the budget, is down-sampled to `keep` rollouts 
 setting: 4): keep // 2 successes and the rest failures where it has them, the other kind
 making up any shortfall, earliest first (`keep_slots`). Its paper computes the advantage
 baseline from every rollout the prompt drew, not only those kept ("global statistics"); the
-engine delivers the kept ones, and the trainer's baseline is theirs.
+engine delivers the kept ones with every reward drawn (`drawn_rewards`), and the trainer's
+GRPO baseline is taken over those (`TrainerConfig.drawn_baseline`).
 
 Where this engine differs from the paper's code, and why:
 
