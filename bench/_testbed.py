@@ -53,12 +53,17 @@ LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched sign
           "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO",
           "reinforce_ada": "Reinforce-Ada", "pilot_commit": "Pilot-Commit",
           "sara_pilot_commit": "SARA + Pilot-Commit"}
+# the configuration the docs recommend for new runs (docs/benchmarks.md, "The league on the
+# testbed"): `recommended` runs nothing of its own; its records are this key's, relabelled
+RECOMMENDED = "sara"
+METHODS["recommended"] = METHODS[RECOMMENDED]
+LABELS["recommended"] = f"recommended (= {LABELS[RECOMMENDED]})"
 # where a run's evaluations ran: in a child process while training went on. The recordings
 # before this (on the trainer's thread, which paused for each) have no such field; their seconds
 # are not comparable, so a resumed recording does not reuse them
 EVALUATION = "child process"
 # the methods the protocol runs on five seeds; the rest on three
-PRINCIPAL = ("ds", "sara", "sara_dps", "uniform_matched")
+PRINCIPAL = ("ds", "sara", "sara_dps", "uniform_matched", "recommended")
 STATES = ("all_fail", "mixed", "all_success")
 
 

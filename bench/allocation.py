@@ -196,6 +196,9 @@ METHODS = {m.key: m for m in (
     # Pilot-Commit at its scripts' proportions (`PILOT`), solved prompts excluded
     Method("pilot_commit", "Pilot-Commit", "pilot_commit"),
     Method("sara_pilot_commit", "SARA+Pilot-Commit", "pilot_commit", pc_tau=0.5),
+    # the configuration the docs recommend for new runs (the testbed's league decides it):
+    # the service's defaults, SARA at tau_low 0.5
+    Method("recommended", "recommended (= SARA τ=0.5)", "sara", tau=0.5),
 )}
 # Reinforce-Ada's reference settings keep 4 rollouts a prompt, drawn in rounds of 8, at most 4
 # rounds: here it delivers groups of k like every other method, in rounds of 2k, up to 8k

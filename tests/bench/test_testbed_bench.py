@@ -187,6 +187,28 @@ def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path,
     assert len(calls) == 4
 
 
+def test_recommended_reports_the_recommended_keys_runs_without_running_twice(tmp_path,
+                                                                            monkeypatch):
+    calls = []
+    shipped = testbed.warm_start_identity(verified_testbed())
+    protocol = testbed.Protocol()
+
+    def fake_run(method, seed, lr, protocol, work, split="test", start_from=None):
+        calls.append(method)
+        return _run(method, seed, [0.4, 0.5], split=split, lr=lr,
+                    protocol=testbed.asdict(protocol), start=shipped)
+
+    monkeypatch.setattr(cli, "run_one", fake_run)
+    rec = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
+    got = rec.run("recommended", 0, 1e-4, "test", protocol, tmp_path, "[1/1]")
+    assert calls == [testbed.RECOMMENDED]          # recorded once, under its own key
+    assert got["method"] == "recommended" and got["label"].startswith("recommended (= ")
+    again = rec.run(testbed.RECOMMENDED, 0, 1e-4, "test", protocol, tmp_path, "[1/1]")
+    assert calls == [testbed.RECOMMENDED] and again["method"] == testbed.RECOMMENDED
+    assert got["curve"] == again["curve"]
+    assert testbed.METHODS["recommended"] == testbed.METHODS[testbed.RECOMMENDED]
+
+
 def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(verified_testbed(), other)
