@@ -41,8 +41,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "sara_greso": {"policy": "sara", "tau_low": 0.5, "selection": "greso"},
     # groups of k delivered from rounds of 2k up to 8k (its reference settings' proportions)
     "reinforce_ada": {"policy": "reinforce_ada", "ada_round": 2, "ada_rounds": 4},
-    # a pilot of k, in-band prompts filled to 4k (its scripts' proportions); a step's batch is
-    # B/4 such groups, the same rollouts as B groups of k
+    # a pilot of k, in-band prompts filled to 4k (its scripts' proportions); B such groups a
+    # step, as every method's batch is B groups (the paper's batches are so many prompts, each
+    # with its whole group)
     "pilot_commit": {"policy": "pilot_commit", "pc_groups": 4},
     # the same, its pilot stopped by SARA's rule (tau_low 0.5 on a group the pilot's size)
     "sara_pilot_commit": {"policy": "pilot_commit", "pc_groups": 4, "pc_tau_low": 0.5},
@@ -168,9 +169,8 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
     if "ada_round" in spec:   # Reinforce-Ada: its budget per prompt, kept at k when delivered
         scheduler.update(group_size=spec["ada_round"] * spec["ada_rounds"] * protocol.k,
                          ada_round=spec["ada_round"] * protocol.k, ada_keep=protocol.k)
-    if "pc_groups" in spec:   # Pilot-Commit: whole committed groups, the batch fixed in rollouts
-        scheduler.update(group_size=spec["pc_groups"] * protocol.k, pc_pilot=protocol.k,
-                         batch_size=max(1, protocol.batch_groups // spec["pc_groups"]))
+    if "pc_groups" in spec:   # Pilot-Commit: its pilot is k, its committed groups larger
+        scheduler.update(group_size=spec["pc_groups"] * protocol.k, pc_pilot=protocol.k)
     return DemoConfig(
         seed=seed, out=str(work), progress=False, group_size=protocol.k,
         batch_groups=protocol.batch_groups, lr=lr, rl_steps=1_000_000, compare=False,

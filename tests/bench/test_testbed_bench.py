@@ -142,10 +142,9 @@ def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
         ("sara", "greso", (("tau_low", 0.5),)),
         # Reinforce-Ada: groups of k delivered from rounds of 2k, up to 8k a prompt
         ("reinforce_ada", "epoch", (("ada_keep", 8), ("ada_round", 16), ("group_size", 64))),
-        # Pilot-Commit: a pilot of k, groups of 4k, B/4 of them a step (the same rollouts)
-        ("pilot_commit", "epoch", (("batch_size", 4), ("group_size", 32), ("pc_pilot", 8))),
-        ("pilot_commit", "epoch", (("batch_size", 4), ("group_size", 32), ("pc_pilot", 8),
-                                   ("pc_tau_low", 0.5)))}
+        # Pilot-Commit: a pilot of k, groups of 4k, B of them a step
+        ("pilot_commit", "epoch", (("group_size", 32), ("pc_pilot", 8))),
+        ("pilot_commit", "epoch", (("group_size", 32), ("pc_pilot", 8), ("pc_tau_low", 0.5)))}
     shared = {(c.seed, c.lr, c.batch_groups, c.group_size, c.rollout_budget,
                tuple(sorted(c.trainer_options.items()))) for c in configs.values()}
     assert len(shared) == 1
