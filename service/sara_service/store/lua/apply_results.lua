@@ -412,6 +412,25 @@ local function commit_group(g)
   return 'commit'
 end
 
+-- A group of a peer's policy (rounds, pilots) ends abandoned, with the side it recorded.
+local function abandon_group(g, side, q)
+  retire(g.gid, 'abandoned')
+  count_up('groups_abandoned', 1)
+  count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
+  hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
+  record_outcome(g.pid, 'abandoned', side, q)
+  return 'abandon'
+end
+
+-- A group of a peer's policy stays open: its p_eff (1 once mixed) scores it for flow control.
+local function keep_open(g)
+  local p = 1
+  if g.s == 0 or g.f == 0 then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', math.min(g.done, g.k)) end
+  g.w.p_eff = p
+  set_open(g.gid, p)
+  return 'continue'
+end
+
 -- A group sampled in rounds (Reinforce-Ada; math/reinforce_ada.py is the reference): nothing is
 -- decided while its round is out; then it stops once its rule's successes and failures are in
 -- (or at its budget k), committed when mixed, and otherwise takes one more round. Its commit is
@@ -427,22 +446,13 @@ local function decide_round(g)
     if mixed then return commit_group(g) end
     if g.issued < g.k then
       local failing = g.s == 0
-      retire(g.gid, 'abandoned')
-      count_up('groups_abandoned', 1)
-      count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
-      hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
-      record_outcome(g.pid, 'abandoned', failing and 'F' or 'S',
-                     mixed_chance_under_posterior(g.pid, failing, g.k - g.done))
-      return 'abandon'
+      return abandon_group(g, failing and 'F' or 'S',
+                           mixed_chance_under_posterior(g.pid, failing, g.k - g.done))
     end
   elseif g.done >= g.issued then
     issue(g, g.issued, math.min(g.issued + g.ra.size, g.k))
   end
-  local p = 1
-  if not mixed then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', math.min(g.done, g.k)) end
-  g.w.p_eff = p
-  set_open(g.gid, p)
-  return 'continue'
+  return keep_open(g)
 end
 
 -- A pilot ends abandoned: out of its band, or stopped by SARA's rule. Its side (F, S, or M for a
@@ -450,14 +460,9 @@ end
 -- solved pilot (S) to exclude the prompt.
 local function abandon_pilot(g)
   cancel_outstanding(g, g.issued)
-  retire(g.gid, 'abandoned')
-  count_up('groups_abandoned', 1)
-  count_up('rollouts_not_spent_on_abandoned_groups', g.k - g.issued)
-  hist[tostring(g.done)] = (hist[tostring(g.done)] or 0) + 1
   local side = 'M'
   if g.s == 0 then side = 'F' elseif g.f == 0 then side = 'S' end
-  record_outcome(g.pid, 'abandoned', side)
-  return 'abandon'
+  return abandon_group(g, side)
 end
 
 -- A group decided on its pilot (Pilot-Commit; math/pilot_commit.py is the reference): once its
@@ -478,11 +483,7 @@ local function decide_pilot(g)
   end
   if g.s == 0 and g.f >= g.thr_f then return abandon_pilot(g) end
   if g.s > 0 and g.issued < g.pc.pilot then issue(g, g.issued, g.pc.pilot) end
-  local p = 1
-  if g.s == 0 or g.f == 0 then p = p_eff_at(g, g.s == 0 and 'pf' or 'ps', g.done) end
-  g.w.p_eff = p
-  set_open(g.gid, p)
-  return 'continue'
+  return keep_open(g)
 end
 
 -- Decide an open group after one more outcome; returns the decision.
