@@ -45,7 +45,10 @@ def cost_to(run: dict[str, Any], target: float, cost: str) -> float | None:
 
 
 def mixed_groups_of_k(run: dict[str, Any]) -> float:
-    """The run's mixed groups, counted in groups of k (Pilot-Commit delivers groups of 4k)."""
+    """The run's mixed groups, counted in groups of k: a group of n rollouts as n / k
+    (Pilot-Commit delivers groups of 4k, var_k groups of any size)."""
+    if run.get("rollouts_mixed"):     # recorded with var_k's: rollouts in mixed groups
+        return run["rollouts_mixed"] / run["protocol"]["k"]
     if "group_rollouts" not in run:   # recorded before Pilot-Commit: every group was k
         return run["groups_mixed"]
     return run["groups_mixed"] * run["group_rollouts"] / run["protocol"]["k"]

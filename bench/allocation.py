@@ -132,11 +132,13 @@ class Method:
     auto_price: str = "rollouts"   # under tau "auto": "tokens" prices rollouts by their length
     ada_rule: str = "balanced"     # Reinforce-Ada's stop rule (policy reinforce_ada)
     pc_tau: float | None = None    # Pilot-Commit composed with SARA's stopping on the pilot
+    sizing: str = "fixed"          # var_k: each draw's budget split by value (Knapsack RL)
 
     @property
     def peer(self) -> bool:
-        """A peer allocator's policy (Reinforce-Ada, Pilot-Commit): no closed form, no model."""
-        return self.policy in ("reinforce_ada", "pilot_commit")
+        """A peer allocator (Reinforce-Ada, Pilot-Commit, Knapsack RL's variable group sizes):
+        no closed form, no model."""
+        return self.policy in ("reinforce_ada", "pilot_commit") or self.sizing != "fixed"
 
     @property
     def exact(self) -> bool:
@@ -152,7 +154,8 @@ class Method:
 
     def delivers(self, k: int) -> int:
         """Rollouts in a delivered group: k, except Pilot-Commit's whole committed groups; the
-        bench counts such a group as that many groups of k (`drive`)."""
+        bench counts such a group as that many groups of k (`drive`). Under var_k a group's
+        size is its own, counted the same way (a group of n as n / k groups of k)."""
         return PILOT["groups"] * k if self.policy == "pilot_commit" else k
 
     @property
@@ -196,6 +199,9 @@ METHODS = {m.key: m for m in (
     # Pilot-Commit at its scripts' proportions (`PILOT`), solved prompts excluded
     Method("pilot_commit", "Pilot-Commit", "pilot_commit"),
     Method("sara_pilot_commit", "SARA+Pilot-Commit", "pilot_commit", pc_tau=0.5),
+    # Knapsack RL's variable group sizes (`VAR_K`), on DS's filter and under SARA's stopping
+    Method("var_k", "var_k (DS)", "dynamic_sampling", sizing="var_k"),
+    Method("sara_var_k", "SARA+var_k", "sara", tau=0.5, sizing="var_k"),
     # the configuration the docs recommend for new runs (the testbed's league decides it):
     # the service's defaults, SARA at tau_low 0.5
     Method("recommended", "recommended (= SARA τ=0.5)", "sara", tau=0.5),
@@ -207,6 +213,9 @@ ADA = {"round": 2, "rounds": 4}
 # pass rates [0.125, 0.75]: here a pilot of k and groups of 4k (at k = 16, the 16/64 script),
 # each delivered group counted as 4 groups of k
 PILOT = {"groups": 4, "band_low": 0.125, "band_high": 0.75}
+# Knapsack RL's split: at least 2 rollouts for a prompt with a mixed history, at most 8k (its
+# paper gives hard prompts up to 93 at an average of 8 to 16), one budget per trainer batch
+VAR_K = {"min": 2, "max_groups": 8}
 # Why sara-auto has no reference-model runs: its plans depend on the price and pool model the
 # service re-derives from its own counters and posteriors mid-run; a mirror would have to call
 # the same code (sara_service.core.autoprice) on the same store reads, so it would check nothing
@@ -264,6 +273,9 @@ class Config:
         return decay, half_life
 
     def _rounds(self, method: Method) -> dict[str, Any]:
+        if method.sizing == "var_k":
+            return dict(group_sizing="var_k", vk_min=VAR_K["min"],
+                        vk_max=VAR_K["max_groups"] * self.k, vk_batch=self.batch_size)
         if method.policy == "pilot_commit":
             return dict(pc_pilot=self.k, pc_band_low=PILOT["band_low"],
                         pc_band_high=PILOT["band_high"], pc_tau_low=method.pc_tau)
@@ -305,7 +317,7 @@ class Tally:
     abandons: list[tuple[int, float, int, bool]] = field(default_factory=list)
     abandon_hist: dict[int, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
-    effective: int = 0
+    effective: float = 0   # groups of k (a var_k group of n counts n / k)
     # group id -> [epoch, rollouts generated, delivered and mixed, finished]
     groups: dict[str, list] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)   # the service's own, at the end
@@ -316,12 +328,13 @@ class Tally:
         """The shutdown workaround had to cancel the maintenance task once more."""
         self.shutdown_recancels += 1
 
-    def false_probability(self, gamma: float, n: int, failing: bool | None) -> float:
+    def false_probability(self, gamma: float, n: int, failing: bool | None,
+                          budget: int) -> float:
         """The chance the abandoned group's full budget would have been mixed; `failing` None
         for a mixed prefix (Pilot-Commit abandons a mixed pilot outside its band): certain."""
         if failing is None:
             return 1.0
-        rest = self.k - n
+        rest = budget - n
         return 1.0 - ((1.0 - gamma) ** rest if failing else gamma ** rest)
 
     def summary(self) -> dict[str, Any]:
@@ -335,7 +348,7 @@ class Tally:
         effective = sum(b["effective"] for b in window)
         delivered_rollouts = sum(b["delivered_rollouts"] for b in window)
         in_window = [a for a in self.abandons if first["round"] < a[0] <= last["round"]]
-        false = [self.false_probability(g, n, f) for _, g, n, f in in_window]
+        false = [self.false_probability(g, n, f, budget) for _, g, n, f, budget in in_window]
         lag = sum(b["lag"] for b in window) / max(1, sum(b["groups"] for b in window))
         out = {
             "rollouts_per_effective": rollouts / effective,
@@ -408,6 +421,7 @@ class Api(Protocol):
     async def ack(self, batch_id: str) -> None: ...
     async def publish(self, version: int) -> None: ...
     async def counters(self) -> dict[str, Any]: ...
+    async def group_size(self, group_id: str) -> int: ...
 
 
 class ServiceApi:
@@ -440,6 +454,9 @@ class ServiceApi:
     async def publish(self, version: int) -> None:
         await self.client.publish_policy(version)
 
+    async def group_size(self, group_id: str) -> int:
+        return (await self.client.get_group(group_id)).k
+
     async def counters(self) -> dict[str, Any]:
         stats = await self.client.stats()
         out = stats.counters.model_dump()
@@ -450,6 +467,13 @@ class ServiceApi:
 
 
 # ----------------------------------------------------------------------------- the driver
+
+
+def _groups_of_k(rollouts: int, k: int) -> int | float:
+    """A delivered group of `rollouts` as groups of k: a whole number for groups of k or 4k,
+    a fraction for a variable size."""
+    whole, rest = divmod(rollouts, k)
+    return whole if rest == 0 else rollouts / k
 
 
 async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBackend,
@@ -506,8 +530,10 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
                 mixed = any(seen) and not all(seen)
                 if mixed and method.policy != "pilot_commit":   # its band drops mixed pilots
                     tally.violations.append(f"group {gid} abandoned after a mixed prefix {seen}")
+                budget = (await api.group_size(gid) if method.sizing != "fixed"
+                          else method.budget(cfg.k))
                 tally.abandons.append((tally.rounds, group_gamma[gid], len(seen),
-                                       None if mixed else not seen[0]))
+                                       None if mixed else not seen[0], budget))
                 tally.abandon_hist[len(seen)] = tally.abandon_hist.get(len(seen), 0) + 1
         counters = await api.counters()
         before, consumed = consumed, counters["groups_opened"] + counters["groups_skipped"]
@@ -522,11 +548,11 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
             for g in batch.groups:
                 wins = sum(1 for x in g.rewards if x >= 0.5)
                 mixed = 0 < wins < len(g.rewards)
-                effective += mixed * (len(g.rewards) // cfg.k)   # groups of k it holds
+                effective += mixed * _groups_of_k(len(g.rewards), cfg.k)
                 delivered += len(g.rewards)
                 lag += batch.policy_version - group_minv.get(g.group_id, batch.policy_version)
-                if method.policy != "uniform" and (not mixed
-                                                   or len(g.rewards) != method.delivers(cfg.k)):
+                sized = method.sizing == "fixed" and len(g.rewards) != method.delivers(cfg.k)
+                if method.policy != "uniform" and (not mixed or sized):
                     tally.violations.append(
                         f"delivered group {g.group_id}: {len(g.rewards)} rollouts, {wins} wins")
                 record = tally.groups.get(g.group_id)

@@ -132,6 +132,18 @@ class Settings(BaseSettings):
         "failed throughout there (unset: the pilot runs whole, as in its paper).")
     pc_exclude_solved: bool = Field(True, description="Under pilot_commit: a prompt whose "
                                     "whole pilot succeeded is not sampled again in the run.")
+    group_sizing: Literal["fixed", "var_k"] = Field(
+        "fixed", description="fixed (every group has k rollouts) or var_k (each draw of "
+        "SARA_VK_BATCH prompts splits its budget of k per prompt by expected value, Knapsack "
+        "RL's rule: sara_service.math.knapsack).")
+    vk_min: int = Field(2, ge=2, le=1024, description="Under var_k: the fewest rollouts a "
+                                                      "prompt with a mixed history gets.")
+    vk_max: int = Field(64, ge=2, le=4096, description="Under var_k: the most rollouts a "
+                                                       "prompt with a mixed history gets.")
+    vk_confidence: float = Field(0.9, gt=0.0, lt=1.0, description="Under var_k: a prompt's "
+                                 "need is the rollouts for a mixed group with this chance.")
+    vk_batch: int = Field(32, ge=1, le=4096, description="Under var_k: prompts drawn together "
+                                                         "and split one budget.")
 
     batch_size: int = Field(32, ge=1, le=4096, description="Groups per batch.")
     prefetch_batches: int = Field(2, ge=1, le=64, description="Flow-control depth, in batches.")
@@ -196,6 +208,8 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"SARA_GRESO_P_START={self.greso_p_start:g} must lie within SARA_GRESO_P_MIN="
                 f"{self.greso_p_min:g} and SARA_GRESO_P_MAX={self.greso_p_max:g}")
+        if self.group_sizing == "var_k":
+            self._sizes_can_vary()
         if self.policy == "reinforce_ada":
             return self._rounds_can_run()
         if self.policy == "pilot_commit":
@@ -215,6 +229,22 @@ class Settings(BaseSettings):
                 f"tau_low={self.tau_low:g}; lower SARA_TAU_LOW, raise SARA_GROUP_SIZE or "
                 "choose a broader prior")
         return self
+
+    def _sizes_can_vary(self) -> None:
+        """Refuse variable group sizes where a group's size is the policy's (Reinforce-Ada's
+        rounds, Pilot-Commit's budget) or its bounds leave k outside them."""
+        if self.policy in ("reinforce_ada", "pilot_commit"):
+            raise ValueError(f"SARA_GROUP_SIZING=var_k sizes groups itself; SARA_POLICY="
+                             f"{self.policy} sizes them by its own rule: choose uniform, "
+                             "dynamic_sampling or sara")
+        if not self.vk_min <= self.group_size <= self.vk_max:
+            raise ValueError(f"SARA_GROUP_SIZING=var_k spends SARA_GROUP_SIZE={self.group_size} "
+                             f"per prompt on average: it must lie within SARA_VK_MIN="
+                             f"{self.vk_min} and SARA_VK_MAX={self.vk_max}")
+        if self.tau_low == "auto" or self.effective == "reward":
+            raise ValueError("SARA_GROUP_SIZING=var_k plans each group with a fixed "
+                             "SARA_TAU_LOW on successes and failures: leave SARA_TAU_LOW "
+                             "fixed and SARA_EFFECTIVE=outcome")
 
     def _rounds_can_run(self) -> Settings:
         """Refuse a Reinforce-Ada configuration whose rounds do not fit its budget k."""

@@ -357,3 +357,25 @@ def test_pilot_commit_runs_under_its_league_key_and_delivers_whole_committed_gro
     sara_pc = rows["sara_pilot_commit"]
     assert sara_pc["n_violations"] == 0, sara_pc["violations"]
     assert sara_pc["rollouts_per_effective"] < pc["rollouts_per_effective"]
+
+
+def test_var_k_runs_under_its_league_keys_and_sizes_groups_by_value(tmp_path):
+    """var_k and sara_var_k: after a prompt's first group, each draw splits its budget of k per
+    prompt by Knapsack RL's rule (a solved or hopeless prompt gets the minimum, a mixed one
+    what its value asks); the driver counts a delivered group of n as n / k groups of k and
+    flags any saturated one. On a pool where a third of the prompts are pure, the split pays
+    less per group of k than DS, which spends k on each."""
+    rng = random.Random(7)
+    gammas = [0.0] * 16 + [1.0] * 16 + [rng.uniform(0.3, 0.7) for _ in range(48)]
+    pool = _write_pool(tmp_path / "pool.jsonl", gammas)
+    prefix = tmp_path / "vk"
+    code = bench.main(["--pool-file", str(pool), "--k", "4", "--methods", "ds,var_k,sara_var_k",
+                       "--groups", "256", "--model-reps", "0", "--no-progress",
+                       "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r["measured"] for r in
+            json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    for key in ("var_k", "sara_var_k"):
+        assert rows[key]["n_violations"] == 0, rows[key]["violations"]
+        assert rows[key]["rollouts_per_effective"] < rows["ds"]["rollouts_per_effective"]
+        assert rows[key]["effective"] != int(rows[key]["effective"])   # sizes other than k

@@ -144,10 +144,24 @@ def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
         ("reinforce_ada", "epoch", (("ada_keep", 8), ("ada_round", 16), ("group_size", 64))),
         # Pilot-Commit: a pilot of k, groups of 4k, B of them a step
         ("pilot_commit", "epoch", (("group_size", 32), ("pc_pilot", 8))),
-        ("pilot_commit", "epoch", (("group_size", 32), ("pc_pilot", 8), ("pc_tau_low", 0.5)))}
+        ("pilot_commit", "epoch", (("group_size", 32), ("pc_pilot", 8), ("pc_tau_low", 0.5))),
+        # var_k: Knapsack RL's split of B * k over each batch's B prompts, 2 to 8k each
+        ("dynamic_sampling", "epoch", (("group_sizing", "var_k"), ("vk_batch", 16),
+                                       ("vk_max", 64), ("vk_min", 2))),
+        ("sara", "epoch", (("group_sizing", "var_k"), ("tau_low", 0.5), ("vk_batch", 16),
+                           ("vk_max", 64), ("vk_min", 2)))}
     shared = {(c.seed, c.lr, c.batch_groups, c.group_size, c.rollout_budget,
                tuple(sorted(c.trainer_options.items()))) for c in configs.values()}
     assert len(shared) == 1
+
+
+def test_mixed_groups_are_counted_in_groups_of_k_whatever_their_size():
+    k = {"protocol": {"k": 8}}
+    assert report.mixed_groups_of_k({"groups_mixed": 10, **k}) == 10   # before Pilot-Commit
+    assert report.mixed_groups_of_k({"groups_mixed": 10, "group_rollouts": 32, **k}) == 40
+    # var_k: sizes vary, so the rollouts in mixed groups count (a group of 12 is 1.5 of k)
+    assert report.mixed_groups_of_k({"groups_mixed": 2, "group_rollouts": None,
+                                     "rollouts_mixed": 12 + 4, **k}) == 2.0
 
 
 def test_arguments_are_checked_and_ds_is_always_run():

@@ -36,6 +36,7 @@ from ..math.reward_levels import (
     first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
     plan_levels_history,
 )
+from ..math.knapsack import KnapsackParams, estimated_rate, sized_plan, split_budget
 from ..math.pilot_commit import excluded, pilot_band, plan_pilot
 from ..math.reinforce_ada import keep_slots, plan_rounds, round_rule
 from ..math.selection import (
@@ -107,6 +108,8 @@ class Scheduler:
         self._prior_plan = self.auto.fresh_plan() if self.auto else self._fixed_plan()
         self._greso = GresoParams(target=s.greso_target, p_start=s.greso_p_start,
                                   p_min=s.greso_p_min, p_max=s.greso_p_max, step=s.greso_step)
+        self._knapsack = KnapsackParams(min_n=s.vk_min, max_n=s.vk_max,
+                                        confidence=s.vk_confidence)
         self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
                                         max_tokens=s.max_tokens)
         self.format_checked = False  # the stored format is this release's (check_format)
@@ -141,7 +144,7 @@ class Scheduler:
         """Every prompt drawn opens a group under the run's one plan, with no read of its
         history: a uniform prior, epoch selection, and no solved prompts to exclude."""
         s = self.settings
-        return (s.prior == "uniform" and s.selection == "epoch"
+        return (s.prior == "uniform" and s.selection == "epoch" and s.group_sizing == "fixed"
                 and not (s.policy == "pilot_commit" and s.pc_exclude_solved))
 
     async def _refresh_levels(self) -> None:
@@ -235,7 +238,7 @@ class Scheduler:
         posts = await self.store.prompts.posteriors(pids)
         keeps = (await self._greso_keeps(posts, version, clock) if s.selection == "greso"
                  else [True] * len(pids))
-        chosen, skipped = [], 0
+        chosen, sized, skipped = [], [], 0
         for pid, post, kept in zip(pids, posts, keeps):
             if not kept or self._excluded(post):
                 skipped += 1
@@ -245,13 +248,33 @@ class Scheduler:
                                                                clock) < s.tau_skip:
                 skipped += 1
                 continue
+            if s.group_sizing == "var_k":
+                sized.append((pid, post, a, b))
+                continue
             plan = (self._level_plan_for(post, version, clock) if self.reward_view
                     else self._plan_for(a, b))
             if plan.skip:
                 skipped += 1
                 continue
             chosen.append((_new_id("g"), pid, plan))
-        return chosen, skipped
+        return (self._sized_plans(sized) if sized else chosen), skipped
+
+    def _sized_plans(self, prompts: list[tuple[str, StoredPosterior, float, float]]
+                     ) -> list[tuple[str, str, GroupPlan]]:
+        """Under var_k, the draw's budget of k per prompt split by expected value
+        (math.knapsack), each prompt planned for its own size. A size whose SARA plan would
+        skip the prompt runs whole instead: the split chose the prompt."""
+        s = self.settings
+        rates = [estimated_rate(greso_streak(post.observations)[0] if post.observations
+                                else None, a - s.prior_alpha, b - s.prior_beta)
+                 for _, post, a, b in prompts]
+        sizes = split_budget(rates, s.group_size, self._knapsack)
+        plans = []
+        for (pid, _, a, b), size in zip(prompts, sizes):
+            if s.prior == "uniform":
+                a, b = s.prior_alpha, s.prior_beta
+            plans.append((_new_id("g"), pid, sized_plan(s.policy, size, a, b, s.tau_low)))
+        return plans
 
     def _excluded(self, post: StoredPosterior) -> bool:
         """Under pilot_commit, a prompt whose last pilot was solved is not sampled again."""
@@ -353,6 +376,8 @@ class Scheduler:
         while the epoch still holds prompts it would keep."""
         per_group = max(1, self._prior_plan.initial_issue)
         count = min(self.flow_target, math.ceil(rollouts_wanted / per_group))
+        if self.settings.group_sizing == "var_k":   # the split needs its whole draw
+            count = self.settings.vk_batch
         for _ in range(SKIP_REDRAWS):
             pids = await self._select_prompts(count)
             if not pids:
