@@ -40,6 +40,7 @@ async def test_counters_add_up(make_api):
     assert d["useful_fraction"] == pytest.approx(c["rollouts_delivered"] / c["rollouts_completed"])
     assert d["rollouts_per_effective_group"] == \
         pytest.approx(c["rollouts_completed"] / c["groups_delivered"])
+    assert d["rollouts_per_group_of_k"] == d["rollouts_per_effective_group"]   # groups of k
     decided = c["groups_committed"] + c["groups_abandoned"] + c["groups_dropped_saturated"]
     assert d["abandon_rate"] == pytest.approx(c["groups_abandoned"] / decided)
     assert d["expected_false_abandon_rate"] == pytest.approx(4 / 9)

@@ -46,6 +46,11 @@ async def test_a_draw_splits_its_budget_by_value(make_api):
     for group in delivered:
         assert sorted(slot_of(r["rollout_id"]) for r in group["rollouts"]) == list(
             range(len(group["rollouts"])))
+    # /stats reads the groups of 5 in groups of k: 128 rollouts for 39 delivered, 3 of the 6
+    # groups of 5, so 26.3 per group of k against 21.3 per group delivered
+    derived = (await api.stats())["derived"]
+    assert derived["rollouts_per_group_of_k"] == pytest.approx(128 * K / 39)
+    assert derived["rollouts_per_effective_group"] == pytest.approx(128 / 6)
 
 
 async def test_under_sara_the_surplus_on_a_hopeless_prompt_is_abandoned(make_api):

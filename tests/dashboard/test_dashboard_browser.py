@@ -219,6 +219,7 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
     state = "saving" if low > 0 else "not-saving" if high < 0 else "noise"
     assert shown["verdict"]["state"] == state
     assert "95% CI" in shown["verdict"]["text"] and "estimate" in shown["verdict"]["text"]
+    assert "per group of k" not in shown["verdict"]["text"]   # every group has k: no aside
 
     # the token went out in the URL once and never into a log line
     assert any("/dashboard?token=***" in line for line in access.lines), access.lines[:5]

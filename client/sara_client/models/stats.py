@@ -65,6 +65,11 @@ class Derived(AnswerModel):
     rollouts_in_flight: int
     useful_fraction: float | None = Field(description="Rollouts in delivered groups / completed.")
     rollouts_per_effective_group: float | None
+    rollouts_per_group_of_k: float | None = Field(
+        None, description="Rollouts completed per k rollouts delivered: a delivered group of n "
+                          "counts as n / k groups of k, so runs whose groups differ in size "
+                          "(Pilot-Commit's, SARA_GROUP_SIZING=var_k's) read in DS's unit. The "
+                          "same as rollouts_per_effective_group when every group has k.")
     ds_rollouts_per_effective_group: float | None = Field(
         description="ESTIMATE of what Dynamic Sampling would spend per effective group on the "
                     "same prompts: k / P(mixed), P(mixed) from the decided groups and the audited "

@@ -395,7 +395,11 @@
     const main = $(".verdict-main", verdict);
     const sub = $(".verdict-sub", verdict);
     const saving = d.net_saving_vs_ds;
-    const detail = fmt(d.rollouts_per_effective_group) + " rollouts per effective group here; DS " +
+    // groups of another size than k (Pilot-Commit's, var_k's): their cost in groups of k beside
+    const perK = d.rollouts_per_group_of_k;
+    const ofK = isNum(perK) && isNum(d.rollouts_per_effective_group) &&
+      Math.abs(perK - d.rollouts_per_effective_group) > 1e-9 ? " (" + fmt(perK) + " per group of k)" : "";
+    const detail = fmt(d.rollouts_per_effective_group) + " rollouts per effective group here" + ofK + "; DS " +
       "would spend " + fmt(d.ds_rollouts_per_effective_group) + " (estimate, " +
       interval(d.ds_rollouts_per_effective_group_low, d.ds_rollouts_per_effective_group_high, fmt) +
       ") · measured false abandons " + pct(d.false_abandon_rate) + " · audit cost " +
