@@ -49,8 +49,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "sara_pilot_commit": {"policy": "pilot_commit", "pc_groups": 4, "pc_tau_low": 0.5},
     # Knapsack RL's variable group sizes: each draw of B prompts splits B * k rollouts by value
     # (2 to 8k per prompt), on DS's filter, and under SARA's stopping
-    "var_k": {"policy": "dynamic_sampling", "var_k": 8},
-    "sara_var_k": {"policy": "sara", "tau_low": 0.5, "var_k": 8},
+    "var_k": {"policy": "dynamic_sampling", "vk_max_groups": 8},
+    "sara_var_k": {"policy": "sara", "tau_low": 0.5, "vk_max_groups": 8},
 }
 LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
@@ -176,8 +176,9 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
                          ada_round=spec["ada_round"] * protocol.k, ada_keep=protocol.k)
     if "pc_groups" in spec:   # Pilot-Commit: its pilot is k, its committed groups larger
         scheduler.update(group_size=spec["pc_groups"] * protocol.k, pc_pilot=protocol.k)
-    if "var_k" in spec:       # var_k: sizes from 2 to var_k * k, one budget per batch
-        scheduler.update(group_sizing="var_k", vk_min=2, vk_max=spec["var_k"] * protocol.k,
+    if "vk_max_groups" in spec:   # var_k: sizes from 2 to vk_max_groups * k, one budget a batch
+        scheduler.update(group_sizing="var_k", vk_min=2,
+                         vk_max=spec["vk_max_groups"] * protocol.k,
                          vk_batch=protocol.batch_groups)
     return DemoConfig(
         seed=seed, out=str(work), progress=False, group_size=protocol.k,
@@ -308,7 +309,7 @@ def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, s
             "groups_mixed": sum(h["groups_mixed"] for h in history),
             # rollouts in a delivered group: k, except Pilot-Commit's whole committed groups
             # (var_k's vary: None); rollouts_mixed counts them all
-            "group_rollouts": (None if "var_k" in METHODS[method]
+            "group_rollouts": (None if "vk_max_groups" in METHODS[method]
                                else METHODS[method].get("pc_groups", 1) * protocol.k),
             "rollouts_mixed": sum(h.get("rollouts_mixed", 0) for h in history),
             "batch_sizes": sorted({h["groups"] for h in history}),

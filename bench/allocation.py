@@ -314,7 +314,8 @@ class Tally:
     rollouts: int = 0
     tokens: int = 0
     batches: list[dict] = field(default_factory=list)
-    abandons: list[tuple[int, float, int, bool]] = field(default_factory=list)
+    # (round, gamma, rollouts seen, failing side or None for a mixed prefix, group budget)
+    abandons: list[tuple[int, float, int, bool | None, int]] = field(default_factory=list)
     abandon_hist: dict[int, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     effective: float = 0   # groups of k (a var_k group of n counts n / k)
@@ -551,8 +552,9 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
                 effective += mixed * _groups_of_k(len(g.rewards), cfg.k)
                 delivered += len(g.rewards)
                 lag += batch.policy_version - group_minv.get(g.group_id, batch.policy_version)
-                sized = method.sizing == "fixed" and len(g.rewards) != method.delivers(cfg.k)
-                if method.policy != "uniform" and (not mixed or sized):
+                wrong_size = (method.sizing == "fixed"
+                              and len(g.rewards) != method.delivers(cfg.k))
+                if method.policy != "uniform" and (not mixed or wrong_size):
                     tally.violations.append(
                         f"delivered group {g.group_id}: {len(g.rewards)} rollouts, {wins} wins")
                 record = tally.groups.get(g.group_id)
