@@ -15,11 +15,23 @@ has your ``generate`` function produce and score one completion per leased rollo
 and returns SARA's next batch as Experiences, each group's k rows contiguous (so
 ``--rollout.n_samples_per_prompt`` must equal SARA's ``group_size``, and every delivered group
 must hold that many: OpenRLHF's reshape would otherwise normalise across prompts, so a group of
-another size, from ``commit=partial``, Reinforce-Ada's kept rollouts or another group size, is
-refused with a ValueError). With it,
+another size is refused with a ValueError). With it,
 ``dynamic_filtering_enable`` stays off: every delivered group is mixed. The Experiences are
 built as ``SamplesGenerator._process_response_into_experience`` builds them (the same fields,
 the same shifted action mask), from the response dicts :func:`rollout_response` makes.
+
+Groups of unequal size (``commit=partial``, Reinforce-Ada's kept rollouts, Pilot-Commit, var_k):
+give ``group_estimator`` (``group_norm``, ``dr_grpo`` or ``rloo``: the estimators OpenRLHF
+applies per group and does not whiten across the batch afterwards, as it does
+``reinforce_baseline``) and
+the adapter computes each group's advantages over its own n rollouts, with OpenRLHF's formulas
+(:func:`group_advantages`), and hands them over as the rewards (``scores`` keep the raw
+reward, for logging). Run OpenRLHF with ``--rollout.n_samples_per_prompt 1`` and
+``--algo.advantage.estimator flash_reinforce``: its reshape is then one row a block, its only
+baseline is the batch mean, which is zero because every group's advantages sum to zero, and it
+whitens nothing, so the advantages reach the loss as computed here (plus the KL penalty
+OpenRLHF adds per token, as under any estimator). Keep OpenRLHF's length penalties off (they
+would be added to the advantages); put them in the reward instead.
 
 Checked against OpenRLHF 0.11.2 (tests/integrations/test_openrlhf.py where it imports); nothing
 here imports OpenRLHF at module level.
@@ -71,12 +83,45 @@ def rollout_response(group: Any, rollout: Any, prompt_ids: Sequence[int]) -> dic
             "sara_rollout_id": rollout.rollout_id}
 
 
-def batch_responses(batch: Any, encode: Encode) -> list[dict[str, Any]]:
-    """Response dicts for a SARA batch, one per rollout, each group's rows contiguous."""
+# OpenRLHF's estimators whose advantages are a function of the group alone (reinforce_baseline
+# is also whitened across the batch afterwards), which the adapter can compute itself
+GROUP_ESTIMATORS = ("group_norm", "dr_grpo", "rloo")
+
+
+def group_advantages(rewards: Sequence[float], estimator: str) -> list[float]:
+    """One group's advantages as OpenRLHF 0.11.2's ``compute_advantages_and_returns`` computes
+    them for a block of n rows: group_norm ``(r - mean) / (std + 1e-9)`` (std with Bessel's
+    correction, torch's default), dr_grpo ``r - mean``, rloo
+    ``r - (sum - r) / (n - 1)``. Each sums to zero over the group."""
+    if estimator not in GROUP_ESTIMATORS:
+        raise ValueError(f"group_estimator must be one of {', '.join(GROUP_ESTIMATORS)}, "
+                         f"not {estimator!r}")
+    values = torch.tensor([float(r) for r in rewards], dtype=torch.float64)
+    if len(values) < 2:
+        raise ValueError(f"a group of {len(values)} rollout has no baseline: {estimator} needs "
+                         "at least 2")
+    if estimator == "rloo":
+        centred = values - (values.sum() - values) / (len(values) - 1)
+    else:
+        centred = values - values.mean()
+    if estimator == "group_norm":
+        centred = centred / (values.std() + 1e-9)
+    return centred.tolist()
+
+
+def batch_responses(batch: Any, encode: Encode,
+                    group_estimator: str | None = None) -> list[dict[str, Any]]:
+    """Response dicts for a SARA batch, one per rollout, each group's rows contiguous; with
+    ``group_estimator``, each ``reward`` is the rollout's advantage within its own group."""
     out = []
     for group in batch.groups:
         ids = list(encode(group.prompt))
-        out.extend(rollout_response(group, r, ids) for r in group.rollouts)
+        responses = [rollout_response(group, r, ids) for r in group.rollouts]
+        if group_estimator is not None:
+            advantages = group_advantages([r["reward"] for r in responses], group_estimator)
+            for response, advantage in zip(responses, advantages):
+                response["reward"] = advantage
+        out.extend(responses)
     return out
 
 
@@ -119,10 +164,11 @@ def experience_from_response(response: dict[str, Any], experience_cls: Any = Non
 
 
 def batch_to_experiences(batch: Any, encode: Encode, experience_cls: Any = None,
-                         max_len: int = 2048) -> list[Any]:
-    """A SARA batch as OpenRLHF Experiences, one per rollout, each group's k rows contiguous."""
+                         max_len: int = 2048, group_estimator: str | None = None) -> list[Any]:
+    """A SARA batch as OpenRLHF Experiences, one per rollout, each group's rows contiguous
+    (rewards as advantages within each group where ``group_estimator`` is given)."""
     return [experience_from_response(r, experience_cls, max_len)
-            for r in batch_responses(batch, encode)]
+            for r in batch_responses(batch, encode, group_estimator)]
 
 
 class SaraSamplesGenerator:
@@ -134,7 +180,9 @@ class SaraSamplesGenerator:
     ``completion_tokens``, ``finish_reason``); ``policy_version`` is filled in here.
     ``groups_per_step`` is ``--rollout.batch_size`` (prompts per step); ``samples_per_prompt`` is
     ``--rollout.n_samples_per_prompt`` (else the ``n_samples_per_prompt`` generate kwarg, where
-    OpenRLHF passes one): a batch with a group of any other size is refused. Each call first
+    OpenRLHF passes one): a batch with a group of any other size is refused, unless
+    ``group_estimator`` is given (groups of unequal size; see the module docstring), which needs
+    ``n_samples_per_prompt`` 1. Each call first
     acks the batch returned by the previous call and publishes the next policy version: by then
     ``PPOTrainer.train_step`` has updated the actor and broadcast the weights to vLLM.
     """
@@ -142,13 +190,17 @@ class SaraSamplesGenerator:
     def __init__(self, sara: Any, generate: Generate, encode: Encode, *, groups_per_step: int,
                  worker_id: str = "openrlhf", lease_size: int = 64, max_len: int = 2048,
                  experience_cls: Any = None, eval_generator: Any = None,
-                 max_empty_leases: int = 100, samples_per_prompt: int | None = None) -> None:
+                 max_empty_leases: int = 100, samples_per_prompt: int | None = None,
+                 group_estimator: str | None = None) -> None:
+        if group_estimator is not None and group_estimator not in GROUP_ESTIMATORS:
+            raise ValueError(f"group_estimator must be one of {', '.join(GROUP_ESTIMATORS)}, "
+                             f"not {group_estimator!r}")
         self.sara, self.generate, self.encode = sara, generate, encode
         self.groups_per_step, self.worker_id, self.lease_size = groups_per_step, worker_id, \
             lease_size
         self.max_len, self.experience_cls = max_len, experience_cls
         self.eval_generator, self.max_empty_leases = eval_generator, max_empty_leases
-        self.samples_per_prompt = samples_per_prompt
+        self.samples_per_prompt, self.group_estimator = samples_per_prompt, group_estimator
         self.version = sara.get_policy().version
         self.pending_batch_id: str | None = None
         self.batches_acked = 0
@@ -181,14 +233,19 @@ class SaraSamplesGenerator:
     def generate_samples(self, **generate_kwargs: Any) -> tuple[list[Any], None, int, bool]:
         """``(experiences, None, groups, False)``: SARA's next batch; never exhausted (stop by
         ``--train.num_episodes``/max steps); no filter pass rate (nothing is filtered)."""
+        n = self.samples_per_prompt or generate_kwargs.get("n_samples_per_prompt")
+        if self.group_estimator is not None and n not in (None, 1):
+            raise ValueError(f"with group_estimator={self.group_estimator!r} the adapter computes "
+                             "the advantages: run OpenRLHF with --rollout.n_samples_per_prompt 1 "
+                             f"and --algo.advantage.estimator flash_reinforce (not {n} samples a "
+                             "prompt)")
         self._after_update()
         batch = self._fill(generate_kwargs)
-        self._check_group_sizes(batch, self.samples_per_prompt
-                                or generate_kwargs.get("n_samples_per_prompt"))
+        self._check_group_sizes(batch, None if self.group_estimator else n)
         self.pending_batch_id = batch.batch_id
         max_len = int(generate_kwargs.get("max_len", self.max_len))
-        return (batch_to_experiences(batch, self.encode, self.experience_cls, max_len), None,
-                len(batch.groups), False)
+        return (batch_to_experiences(batch, self.encode, self.experience_cls, max_len,
+                                     self.group_estimator), None, len(batch.groups), False)
 
     @staticmethod
     def _check_group_sizes(batch: Any, n: int | None) -> None:
@@ -198,8 +255,8 @@ class SaraSamplesGenerator:
                 raise ValueError(
                     f"group {group.group_id} holds {len(group.rollouts)} rollouts, not "
                     f"n_samples_per_prompt={n}: OpenRLHF's advantages reshape rewards into rows "
-                    f"of {n}; run SARA with group_size={n} and commit=complete (a policy whose "
-                    "groups vary in size needs SARA's own trainer)")
+                    f"of {n}; run SARA with group_size={n} and commit=complete, or give "
+                    "group_estimator for groups of unequal size")
 
     def generate_eval_samples(self, **generate_kwargs: Any) -> list[Any]:
         """Evaluation stays OpenRLHF's: delegate to the original generator, if given."""

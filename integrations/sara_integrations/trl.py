@@ -22,11 +22,20 @@ sampling log-probs and each rollout's reward (`sara_reward`). TRL's only reward 
 advantages over each block of `num_generations` rows, the loss and the logging. Nothing private
 of TRL is touched; `SaraGRPOTrainer` is GRPOTrainer with those two arguments filled in.
 
+Groups of unequal size (`commit=partial`, Reinforce-Ada's kept rollouts, Pilot-Commit, var_k):
+`num_generations` is the largest group SARA delivers, and a group of n rollouts is padded to it
+with rows of reward None and one end-of-sequence token, masked out through `env_mask`, TRL's
+public mask for tokens the model did not generate (`batch_rows`). TRL's group mean and std are
+NaN-aware, so each group is normalised over its own n rollouts and a padding row gets advantage
+0; under a token-normalised loss (TRL's default `dapo`, `bnpo`, `cispo`, `vespo`) the masked
+padding rows leave the loss and its normaliser unchanged. Other loss types average over rows
+and would count them, so they are refused when a batch needs padding.
+
 Supports TRL 1.16.x (`SUPPORTED_TRL`), checked against 1.16.0: TRL marks `rollout_func`
 experimental, so importing this module under another release, or a 1.16 whose GRPOTrainer takes
 no `rollout_func`, raises ImportError saying so (pip install 'trl>=1.16,<1.17'). What it does
-not do yet: vLLM generation (it samples with `model.generate`, one rollout at a time),
-multi-process training, and SARA's `commit=partial` (TRL needs `num_generations` rows a group).
+not do yet: vLLM generation (it samples with `model.generate`, one rollout at a time) and
+multi-process training. Padding rows still cost a forward pass over their prompt tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ SUPPORTED_TRL = ("1.16",)  # major.minor releases the adapter was checked agains
 HOOK = "rollout_func"      # the GRPOTrainer constructor argument it fills in
 REWARD_FIELD = "sara_reward"  # the extra field TRL forwards to the reward function
 
+# loss types whose normaliser counts completion tokens only: padding rows (none) change nothing
+TOKEN_NORMALISED = ("dapo", "bnpo", "cispo", "vespo")
 LEASE_SIZE = 16  # rollouts per lease: small, so cancels of abandoned groups land between leases
 
 
@@ -70,13 +81,46 @@ def reward_from(fn: Callable[..., list[float]]) -> Callable[[Any, str], float]:
     return score
 
 
-def sara_reward(prompts: list, completions: list, sara_reward: list[float] | None = None,
-                **_: Any) -> list[float]:
+def sara_reward(prompts: list, completions: list,
+                sara_reward: list[float | None] | None = None, **_: Any) -> list[float | None]:
     """TRL's reward function under the adapter: the reward each rollout was reported to SARA
-    with (`SaraRollouts` returns it as an extra field, which TRL forwards here)."""
+    with (`SaraRollouts` returns it as an extra field, which TRL forwards here); None for a
+    padding row, which TRL then leaves out of its group's mean and std."""
     if sara_reward is None or len(sara_reward) != len(completions):
         raise ValueError("sara_reward needs the rewards SaraRollouts returns, one per completion")
-    return [float(r) for r in sara_reward]
+    return [None if r is None else float(r) for r in sara_reward]
+
+
+def batch_rows(batch: Any, k: int) -> list[tuple[Any, Any]]:
+    """(prompt, rollout) rows, k a group: a group of n < k rollouts is followed by k - n padding
+    rows (prompt, None). TRL's group statistics reshape rewards into blocks of k rows and are
+    NaN-aware, so a padding row (reward None, its one token masked out) is left out of its group's
+    mean and std and gets advantage 0: each group is normalised over its own n rollouts."""
+    rows: list[tuple[Any, Any]] = []
+    for group in batch.groups:
+        n = len(group.rollouts)
+        if n > k:
+            raise ValueError(f"group {group.group_id} holds {n} rollouts, more than "
+                             f"num_generations={k}: set num_generations to the largest group "
+                             "SARA delivers (group_size, or SARA_VK_MAX under var_k)")
+        rows += [(group.prompt, r) for r in group.rollouts] + [(group.prompt, None)] * (k - n)
+    return rows
+
+
+def padding_completion(tok: Any) -> list[int]:
+    """A padding row's completion: one end-of-sequence token (TRL reads each completion's last
+    token for its logging; an empty completion fails there), masked out of the loss."""
+    return [tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id]
+
+
+def check_padding_is_exact(trainer: GRPOTrainer) -> None:
+    """ValueError unless padding rows leave TRL's loss unchanged: their one token is masked
+    out (`env_mask`), so a loss normalised by tokens (dapo, bnpo, cispo, vespo) ignores them,
+    while one averaged over rows (grpo, dr_grpo, sapo, luspo) would count them."""
+    if trainer.loss_type not in TOKEN_NORMALISED:
+        raise ValueError(f"groups of unequal size need a loss normalised by tokens "
+                         f"({', '.join(TOKEN_NORMALISED)}), not loss_type={trainer.loss_type!r}: "
+                         "padding rows would count as rows")
 
 
 class SaraRollouts:
@@ -98,18 +142,19 @@ class SaraRollouts:
                              f"num_generations={k}")
         self._publish(trainer)  # the weights about to generate are a new version
         batch = self._fill_until_batch(trainer, len(prompts) // k)
-        rows = []
-        for group in batch.groups:
-            if len(group.rollouts) != k:
-                raise ValueError(f"group {group.group_id} holds {len(group.rollouts)} rollouts, "
-                                 f"not num_generations={k}: run SARA with group_size={k} and "
-                                 "commit=complete")
-            rows += [(group.prompt, r) for r in group.rollouts]
+        rows = batch_rows(batch, k)
         tok = trainer.processing_class
         out = {"prompt_ids": [tok(p).input_ids for p, _ in rows],
-               "completion_ids": [list(r.token_ids or []) for _, r in rows],
-               "logprobs": [list(r.logprobs or []) for _, r in rows],
-               REWARD_FIELD: [r.reward for _, r in rows]}
+               "completion_ids": [padding_completion(tok) if r is None else list(r.token_ids or [])
+                                  for _, r in rows],
+               "logprobs": [[0.0] if r is None else list(r.logprobs or []) for _, r in rows],
+               REWARD_FIELD: [None if r is None else r.reward for _, r in rows]}
+        if any(r is None for _, r in rows):
+            check_padding_is_exact(trainer)
+            # TRL's public mask for tokens the model did not generate: the padding row's one
+            # token is left out of the loss and of every token count
+            out["env_mask"] = [[0] if r is None else [1] * len(ids)
+                               for (_, r), ids in zip(rows, out["completion_ids"])]
         self.sara.ack(batch.batch_id)
         return out
 
@@ -153,8 +198,9 @@ class SaraGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batches come from a SARA client (`local()` or SaraClient):
     its `reward_funcs` score the rollouts SARA leases, and TRL trains on what SARA delivers.
 
-    `num_generations` must equal SARA's group size; each generation batch is
-    `generation_batch_size // num_generations` groups of one SARA batch.
+    `num_generations` must be at least the largest group SARA delivers (its group size, or
+    SARA_VK_MAX under var_k); each generation batch is `generation_batch_size //
+    num_generations` groups of one SARA batch, smaller groups padded (see the module docstring).
     """
 
     def __init__(self, sara: Any, *args: Any, reward_funcs: list[Callable[..., list[float]]],

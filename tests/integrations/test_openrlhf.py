@@ -87,3 +87,81 @@ def test_a_group_of_another_size_than_n_samples_per_prompt_is_refused_not_reshap
     gen.samples_per_prompt = None
     with pytest.raises(ValueError, match="commit=complete"):
         gen.generate_samples(max_len=64, n_samples_per_prompt=K - 1)
+
+
+@pytest.fixture
+def sara_partial(redis_url):
+    """Groups delivered as they stand once mixed (commit=partial): 2 to K rollouts each."""
+    from sara_client import local
+
+    from ._drive import PROMPTS
+
+    with local(redis_url=redis_url, group_size=K, batch_size=4, tau_low=0.5,
+               commit="partial") as client:
+        client.add_prompts(PROMPTS)
+        yield client
+
+
+def naive_advantages(rewards, estimator):
+    """The textbook formulas, one group at a time, in plain Python."""
+    n, total = len(rewards), sum(rewards)
+    mean = total / n
+    if estimator == "rloo":
+        return [r - (total - r) / (n - 1) for r in rewards]
+    if estimator == "dr_grpo":
+        return [r - mean for r in rewards]
+    std = (sum((r - mean) ** 2 for r in rewards) / (n - 1)) ** 0.5
+    return [(r - mean) / (std + 1e-9) for r in rewards]
+
+
+def unequal_batch(sara):
+    for seed in range(20):
+        batch = next_batch(sara, size=4, seed=seed)
+        if len({len(g.rollouts) for g in batch.groups}) > 1:
+            return batch
+        sara.ack(batch.batch_id)
+    raise AssertionError("commit=partial delivered only groups of one size in 20 batches")
+
+
+@pytest.mark.parametrize("estimator", glue.GROUP_ESTIMATORS)
+def test_groups_of_unequal_size_get_advantages_over_their_own_rollouts(sara_partial, estimator):
+    batch = unequal_batch(sara_partial)
+    responses = glue.batch_responses(batch, encode, group_estimator=estimator)
+    at = 0
+    for group in batch.groups:
+        rewards = [r.reward for r in group.rollouts]
+        mine = responses[at:at + len(rewards)]
+        at += len(rewards)
+        assert [r["scores"] for r in mine] == rewards          # raw rewards, for logging
+        assert [r["sara_group_id"] for r in mine] == [group.group_id] * len(rewards)
+        assert [r["reward"] for r in mine] == pytest.approx(naive_advantages(rewards, estimator))
+    assert at == len(responses)
+    # OpenRLHF's flash_reinforce with n_samples_per_prompt 1: reshape(-1, 1), minus the batch
+    # mean, no whitening: the batch mean is zero, so the advantages reach the loss unchanged
+    exps = glue.batch_to_experiences(batch, encode, Experience, 64, group_estimator=estimator)
+    rewards = torch.cat([e.rewards for e in exps]).to(torch.float32).reshape(-1, 1)
+    flash = (rewards - rewards.mean()).reshape(-1)
+    assert flash.tolist() == pytest.approx([r["reward"] for r in responses], abs=1e-6)
+
+
+def test_the_group_estimator_runs_with_one_sample_a_prompt_and_takes_any_group_size(
+        sara_partial):
+    rng = random.Random(3)
+    gen = glue.SaraSamplesGenerator(
+        sara_partial,
+        lambda rollouts, kw: fake_generate(rollouts, rng, sara_partial.get_policy().version),
+        encode, groups_per_step=4, group_estimator="group_norm")
+    with pytest.raises(ValueError, match="n_samples_per_prompt 1 and --algo.advantage.estimator "
+                                         "flash_reinforce"):
+        gen.generate_samples(max_len=64, n_samples_per_prompt=K)
+    assert gen.pending_batch_id is None
+    sizes = []
+    for _ in range(6):
+        exps, _, groups, _ = gen.generate_samples(max_len=64, n_samples_per_prompt=1)
+        assert groups == 4 and abs(float(sum(e.rewards.sum() for e in exps))) < 1e-6
+        assert {float(e.scores) for e in exps} == {0.0, 1.0}
+        sizes.append(len(exps))
+    assert len(set(sizes)) > 1 or sizes[0] != 4 * K      # groups of other sizes than K went in
+    with pytest.raises(ValueError, match="group_estimator must be one of"):
+        glue.SaraSamplesGenerator(sara_partial, fake_generate, encode, groups_per_step=1,
+                                  group_estimator="reinforce_baseline")
