@@ -51,6 +51,12 @@ async def test_a_draw_splits_its_budget_by_value(make_api):
     derived = (await api.stats())["derived"]
     assert derived["rollouts_per_group_of_k"] == pytest.approx(128 * K / 39)
     assert derived["rollouts_per_effective_group"] == pytest.approx(128 / 6)
+    # the saving against DS's figure (per group of k) counts the 6 committed groups as 39 / k
+    c = (await api.stats())["counters"]
+    assert c["groups_committed"] == 6
+    ds_figure = derived["ds_rollouts_per_effective_group"]
+    assert derived["net_rollouts_saved_vs_ds"] == pytest.approx(39 / K * ds_figure - 128)
+    assert derived["net_saving_vs_ds"] == pytest.approx(1 - (128 * K / 39) / ds_figure)
 
 
 async def test_under_sara_the_surplus_on_a_hopeless_prompt_is_abandoned(make_api):

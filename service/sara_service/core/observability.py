@@ -72,6 +72,15 @@ def _tally(c: Counters) -> ds.GroupTally:
                                   c.audits_mixed, c.audits_pure)
 
 
+def committed_groups_of_k(c: Counters, k: int) -> float:
+    """Committed groups in DS's unit, groups of k: each weighs the mean delivered group size over
+    k, so a Pilot-Commit group of 4k counts 4 and a var_k or partial group of n counts n / k
+    (the count itself when every group is k). DS's figure is per group of k."""
+    if not c.groups_delivered:
+        return float(c.groups_committed)
+    return c.groups_committed * c.rollouts_delivered / (c.groups_delivered * k)
+
+
 def derive(c: Counters, k: int) -> Derived:
     """Efficiency figures from the counters (docs/architecture.md, "Counters and figures").
 
@@ -82,8 +91,9 @@ def derive(c: Counters, k: int) -> Derived:
     decided = c.groups_committed + c.groups_abandoned + c.groups_completed_pure
     tally = _tally(c)
     ds_figure = ds.ds_rollouts_per_effective_group(tally, k)
-    saving = ds.net_saving(c.rollouts_completed, c.groups_committed, ds_figure)
-    saved = ds.net_rollouts_saved(c.rollouts_completed, c.groups_committed, ds_figure)
+    committed = committed_groups_of_k(c, k)
+    saving = ds.net_saving(c.rollouts_completed, committed, ds_figure)
+    saved = ds.net_rollouts_saved(c.rollouts_completed, committed, ds_figure)
     false_abandons = ds.false_abandon_rate(tally)
     return Derived(
         rollouts_in_flight=c.rollouts_issued - c.rollouts_completed - c.rollouts_cancelled,

@@ -119,7 +119,7 @@ def false_abandon_rate(t: GroupTally, z: float = Z95) -> Interval:
     return wilson(t.audited_mixed, t.audited, z)
 
 
-def net_saving(spent: int, effective: int, ds: Interval) -> Interval:
+def net_saving(spent: int, effective: float, ds: Interval) -> Interval:
     """1 - SARA's rollouts per effective group / DS's, with DS's interval carried through."""
     if not effective:
         return Interval(None, None, None)
@@ -131,7 +131,7 @@ def net_saving(spent: int, effective: int, ds: Interval) -> Interval:
     return Interval(saving(ds.point), saving(ds.low), saving(ds.high))
 
 
-def net_rollouts_saved(spent: int, effective: int, ds: Interval) -> Interval:
+def net_rollouts_saved(spent: int, effective: float, ds: Interval) -> Interval:
     """Rollouts DS would have spent for the same effective groups, less what was spent."""
 
     def saved(x: float | None) -> float | None:
