@@ -378,7 +378,7 @@ class Tally:
         of the prompt count consumed during the round that opened it; groups still unfinished at
         the end are left out, and the run's last epoch is marked partial."""
         rollouts: dict[int, int] = {}
-        effective: dict[int, int] = {}
+        effective: dict[int, float] = {}   # mixed groups of k
         for epoch, n, eff, finished in self.groups.values():
             if not finished and not eff:
                 continue
@@ -558,8 +558,8 @@ async def drive(api: Api, method: Method, cfg: Config, pool: Pool, sim: SimBacke
                     tally.violations.append(
                         f"delivered group {g.group_id}: {len(g.rewards)} rollouts, {wins} wins")
                 record = tally.groups.get(g.group_id)
-                if record is not None:
-                    record[2] = mixed
+                if record is not None:   # in groups of k, as the run's figure counts them
+                    record[2] = mixed * _groups_of_k(len(g.rewards), cfg.k)
             tally.effective += effective
             tally.batches.append({
                 "round": tally.rounds, "version": batch.policy_version, "effective": effective,

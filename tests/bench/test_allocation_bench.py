@@ -379,3 +379,5 @@ def test_var_k_runs_under_its_league_keys_and_sizes_groups_by_value(tmp_path):
         assert rows[key]["n_violations"] == 0, rows[key]["violations"]
         assert rows[key]["rollouts_per_effective"] < rows["ds"]["rollouts_per_effective"]
         assert rows[key]["effective"] != int(rows[key]["effective"])   # sizes other than k
+        # the per-epoch figures count mixed groups of k too, as the run's figure does
+        assert any(e["effective"] != int(e["effective"]) for e in rows[key]["by_epoch"])
