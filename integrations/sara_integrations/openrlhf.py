@@ -23,8 +23,8 @@ the same shifted action mask), from the response dicts :func:`rollout_response` 
 Groups of unequal size (``commit=partial``, Reinforce-Ada's kept rollouts, Pilot-Commit, var_k):
 give ``group_estimator`` (``group_norm``, ``dr_grpo`` or ``rloo``: the estimators OpenRLHF
 applies per group and does not whiten across the batch afterwards, as it does
-``reinforce_baseline``) and
-the adapter computes each group's advantages over its own n rollouts, with OpenRLHF's formulas
+``reinforce_baseline``) and the adapter computes each group's advantages over its own n
+rollouts, with OpenRLHF's formulas
 (:func:`group_advantages`), and hands them over as the rewards (``scores`` keep the raw
 reward, for logging). Run OpenRLHF with ``--rollout.n_samples_per_prompt 1`` and
 ``--algo.advantage.estimator flash_reinforce``: its reshape is then one row a block, its only

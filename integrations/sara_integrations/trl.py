@@ -51,7 +51,8 @@ SUPPORTED_TRL = ("1.16",)  # major.minor releases the adapter was checked agains
 HOOK = "rollout_func"      # the GRPOTrainer constructor argument it fills in
 REWARD_FIELD = "sara_reward"  # the extra field TRL forwards to the reward function
 
-# loss types whose normaliser counts completion tokens only: padding rows (none) change nothing
+# loss types whose normaliser counts unmasked completion tokens only: masked padding rows
+# change nothing
 TOKEN_NORMALISED = ("dapo", "bnpo", "cispo", "vespo")
 LEASE_SIZE = 16  # rollouts per lease: small, so cancels of abandoned groups land between leases
 
