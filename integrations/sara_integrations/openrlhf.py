@@ -88,14 +88,19 @@ def rollout_response(group: Any, rollout: Any, prompt_ids: Sequence[int]) -> dic
 GROUP_ESTIMATORS = ("group_norm", "dr_grpo", "rloo")
 
 
+def check_estimator(estimator: str) -> None:
+    """ValueError naming the choices unless `estimator` is one the adapter computes."""
+    if estimator not in GROUP_ESTIMATORS:
+        raise ValueError(f"group_estimator must be one of {', '.join(GROUP_ESTIMATORS)}, "
+                         f"not {estimator!r}")
+
+
 def group_advantages(rewards: Sequence[float], estimator: str) -> list[float]:
     """One group's advantages as OpenRLHF 0.11.2's ``compute_advantages_and_returns`` computes
     them for a block of n rows: group_norm ``(r - mean) / (std + 1e-9)`` (std with Bessel's
     correction, torch's default), dr_grpo ``r - mean``, rloo
     ``r - (sum - r) / (n - 1)``. Each sums to zero over the group."""
-    if estimator not in GROUP_ESTIMATORS:
-        raise ValueError(f"group_estimator must be one of {', '.join(GROUP_ESTIMATORS)}, "
-                         f"not {estimator!r}")
+    check_estimator(estimator)
     values = torch.tensor([float(r) for r in rewards], dtype=torch.float64)
     if len(values) < 2:
         raise ValueError(f"a group of {len(values)} rollout has no baseline: {estimator} needs "
@@ -192,9 +197,8 @@ class SaraSamplesGenerator:
                  experience_cls: Any = None, eval_generator: Any = None,
                  max_empty_leases: int = 100, samples_per_prompt: int | None = None,
                  group_estimator: str | None = None) -> None:
-        if group_estimator is not None and group_estimator not in GROUP_ESTIMATORS:
-            raise ValueError(f"group_estimator must be one of {', '.join(GROUP_ESTIMATORS)}, "
-                             f"not {group_estimator!r}")
+        if group_estimator is not None:
+            check_estimator(group_estimator)
         self.sara, self.generate, self.encode = sara, generate, encode
         self.groups_per_step, self.worker_id, self.lease_size = groups_per_step, worker_id, \
             lease_size
