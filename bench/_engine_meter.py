@@ -63,6 +63,19 @@ def _cpu_wait_of(pids: list[int]) -> float:
     return total / 1e9
 
 
+def _titled(pids: list[int], word: str) -> list[int]:
+    """The processes whose title names ``word`` (vLLM titles its processes ``VLLM::EngineCore``,
+    ``VLLM::Worker``)."""
+    out = []
+    for pid in pids:
+        try:
+            if word in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def _machine_busy() -> float:
     """CPU seconds every process on the machine has used (/proc/stat, all but idle and iowait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -71,6 +84,10 @@ def _machine_busy() -> float:
 
 class CpuMeter:
     """CPU seconds per part over one round: this process, the engine, the scheduler, the rest.
+
+    The engine's share is also given for its core process alone (``engine-core``: vLLM's
+    ``EngineCore``, which schedules every step and hands the model worker its inputs; the model
+    worker is pinned to its own core by vLLM's CPU thread binding, the core process is not).
 
     ``scheduler_pid``'s process tree is the scheduler; ``idle_pids`` are other child process
     trees of this process (schedulers not in use this round), counted as "other", not engine."""
@@ -87,9 +104,10 @@ class CpuMeter:
         scheduler = self._tree(self.scheduler_pid)
         idle = {p for pid in self.idle_pids for p in self._tree(pid)}
         engine = [p for p in _descendants(me) if p not in scheduler and p not in idle]
-        return {"worker": _cpu_of([me]), "engine": _cpu_of(engine),
+        core = _titled(engine, "EngineCore")
+        return {"worker": _cpu_of([me]), "engine": _cpu_of(engine), "engine-core": _cpu_of(core),
                 "scheduler": _cpu_of(scheduler), "machine": _machine_busy(),
-                "wait": _cpu_wait_of(engine)}
+                "wait": _cpu_wait_of(engine), "core-wait": _cpu_wait_of(core)}
 
     @staticmethod
     def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
@@ -97,6 +115,7 @@ class CpuMeter:
         used["other"] = max(0.0, used.pop("machine") - used["worker"] - used["engine"]
                             - used["scheduler"])
         used["engine-waiting"] = used.pop("wait")
+        used["engine-core-waiting"] = used.pop("core-wait")
         return used
 
 

@@ -24,7 +24,11 @@ Tokens/s is shown too (rollout lengths are random: the model can stop early).
 On a small shared CPU box the scheduler, Redis, the engine's process and this one share the
 cores; the table reports the CPU count and load.
 
-Usage: python bench/worker_overhead.py [--rollouts 1024] [--concurrency 64] [--max-tokens 32]
+Rounds are 4,096 rollouts (about 11-14 s here) by default: at 1,024 (3-4 s) two runs of one commit
+differed by 13 points in the median pair, more than the gap to the target, since a round's ramp-up
+and tail and the box's own drift weigh on a few seconds.
+
+Usage: python bench/worker_overhead.py [--rollouts 4096] [--concurrency 64] [--max-tokens 32]
                                        [--rounds 3] [--model DIR] [--out FILE | --no-write]
 """
 
@@ -57,7 +61,7 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "worker_overhead.txt"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rollouts", type=int, default=1024, help="rollouts per round")
+    p.add_argument("--rollouts", type=int, default=4096, help="rollouts per round")
     p.add_argument("--concurrency", type=int, default=64,
                    help="rollouts the engine runs at once (its max_num_seqs, both paths)")
     p.add_argument("--lease-ahead", type=int, default=64,
@@ -290,6 +294,9 @@ def report(args, rounds: list[Round], model: str, command: str) -> str:
     def med(path: str, attr: str) -> float:
         return statistics.median(getattr(r, attr) for r in rounds if r.path == path)
 
+    def med_core(path: str, key: str = "engine-core") -> float:
+        return statistics.median((r.cores or {}).get(key, 0.0) for r in rounds if r.path == path)
+
     engine, service = med("engine", "rate"), med("service", "rate")
     pairs = [(rounds[i], rounds[i + 1]) for i in range(0, len(rounds) - 1, 2)]
     pair_ratios = [(b.rate / a.rate) if a.path == "engine" else (a.rate / b.rate)
@@ -320,7 +327,10 @@ def report(args, rounds: list[Round], model: str, command: str) -> str:
         "engine = the engine's core and model processes, scheduler = sara serve and its Redis, "
         "other = everything else on the machine; engine-waiting = seconds per second the "
         "engine's threads were runnable but waiting for a CPU (Linux schedstat; > 0 means the "
-        "engine is CPU-starved and the round measures its CPU share, not the worker). "
+        "engine is CPU-starved and the round measures its CPU share, not the worker); "
+        "engine-core = vLLM's EngineCore process alone (it schedules every step; the model "
+        "worker is pinned to one core by vLLM's CPU thread binding, the core process is not) "
+        "and engine-core-waiting its wait for a CPU. "
         "rollouts/engine-CPU-s = rollouts per CPU-second the engine's processes got.",
         "",
         f"  {'round':>5}  {'path':8}  {'rollouts/s':>10}  {'tokens/s':>9}  {'seconds':>7}  "
@@ -337,6 +347,9 @@ def report(args, rounds: list[Round], model: str, command: str) -> str:
         f"is about the same): {', '.join(f'{r:.0%}' for r in pair_ratios)}",
         f"  engine work per rollout: median rollouts per engine CPU-second, engine "
         f"{med('engine', 'per_engine_cpu'):.1f}, service {med('service', 'per_engine_cpu'):.1f}",
+        f"  engine core process: median cores, engine {med_core('engine'):.2f}, service "
+        f"{med_core('service'):.2f}; waiting for a CPU {med_core('engine', 'engine-core-waiting'):.2f} "
+        f"against {med_core('service', 'engine-core-waiting'):.2f} s/s",
         f"  median of the pairs: service at {ratio:.1%} of the engine's own throughput "
         f"(target >= 90%): {'met' if ratio >= 0.9 else 'NOT met'}; ratio of the medians "
         f"{service / engine:.1%}",

@@ -1,0 +1,36 @@
+"""bench/_engine_meter.py: the CPU split the engine benches report, on real child processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .test_allocation_bench import _load
+
+meter = _load("_engine_meter", "_engine_meter.py")
+
+# Burns CPU, says so, then waits for stdin to close (so it is alive when sampled).
+BURN = ("import sys, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: "
+        "pass\nprint('burnt', flush=True)\nsys.stdin.read()")
+
+
+def _child(*title: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", BURN, *title], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_engine_core_is_the_titled_child_and_part_of_the_engine():
+    cpu = meter.CpuMeter(None)
+    before = cpu.sample()
+    core, model = _child("VLLM::EngineCore"), _child("VLLM::Worker")
+    try:
+        for child in (core, model):
+            assert child.stdout.readline().strip() == "burnt"
+        used = meter.CpuMeter.cores(before, cpu.sample(), 1.0)
+    finally:
+        for child in (core, model):
+            child.stdin.close()
+            child.wait(timeout=10)
+    assert 0.25 <= used["engine-core"] < 0.5   # one child: 0.3 s burnt and its start-up
+    assert used["engine"] >= used["engine-core"] + 0.25   # both children are the engine
+    assert used["engine-core-waiting"] <= used["engine-waiting"]
