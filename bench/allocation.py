@@ -305,6 +305,11 @@ class Config:
 # --------------------------------------------------------------------------------- accounting
 
 
+class NothingToMeasure(RuntimeError):
+    """A run has no steady-state window to measure: fewer than two batches, all delivered at
+    once, or no effective group after the first."""
+
+
 @dataclass
 class Tally:
     """What one run did, as the worker and the trainer saw it."""
@@ -341,13 +346,18 @@ class Tally:
     def summary(self) -> dict[str, Any]:
         """The figures over the steady-state window (first delivered batch to the last)."""
         if len(self.batches) < 2:
-            raise RuntimeError("fewer than two batches: nothing to measure (raise --groups)")
+            raise NothingToMeasure(f"{len(self.batches)} batch(es) delivered, fewer than two: "
+                                "nothing to measure (raise --groups)")
         first, last = self.batches[0], self.batches[-1]
         window = self.batches[1:]
         rollouts = last["cum_rollouts"] - first["cum_rollouts"]
         tokens = last["cum_tokens"] - first["cum_tokens"]
         effective = sum(b["effective"] for b in window)
         delivered_rollouts = sum(b["delivered_rollouts"] for b in window)
+        if effective <= 0 or rollouts <= 0:
+            raise NothingToMeasure(f"{len(self.batches)} batches delivered, all at once or with "
+                                   "no effective group after the first: nothing to measure "
+                                   "(raise --groups)")
         in_window = [a for a in self.abandons if first["round"] < a[0] <= last["round"]]
         false = [self.false_probability(g, n, f, budget) for _, g, n, f, budget in in_window]
         lag = sum(b["lag"] for b in window) / max(1, sum(b["groups"] for b in window))
@@ -979,7 +989,10 @@ def run_job(job: Job, queue: Any = None, index: int = 0) -> dict[str, Any]:
     tally.seconds = time.perf_counter() - started
     if queue is not None:
         queue.put((index, cfg.groups))
-    out = tally.summary()
+    try:
+        out = tally.summary()
+    except NothingToMeasure as exc:
+        raise NothingToMeasure(f"{job.method} ({job.engine}, {cfg.groups} groups): {exc}") from None
     out["shutdown_recancels"] = tally.shutdown_recancels
     out["counters"] = tally.counters
     return out
@@ -1746,7 +1759,10 @@ def main(argv: list[str] | None = None) -> int:
     # the code the runs use, read before they start: edits during a long run are not in it
     code = git_state()
     started = time.perf_counter()
-    rows = run_all(cfgs, methods, args.jobs, show_progress=not args.no_progress)
+    try:
+        rows = run_all(cfgs, methods, args.jobs, show_progress=not args.no_progress)
+    except NothingToMeasure as exc:
+        raise SystemExit(f"bench/allocation.py: {exc}") from None
     grid = (run_grid(cfgs, args.jobs, not args.no_progress, args.grid_near)
             if args.grid else [])
     seconds = time.perf_counter() - started

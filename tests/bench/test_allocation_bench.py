@@ -289,6 +289,15 @@ def test_a_pool_file_runs_the_league_keys_on_its_own_success_chances(tmp_path):
     assert greso["counters"]["groups_skipped"] > 0 and greso["n_violations"] == 0
 
 
+def test_too_few_groups_for_two_batches_stops_with_one_line_that_says_what_to_raise(tmp_path):
+    """Pilot-Commit's groups of 4k fill one batch from 128 groups: no steady state to measure."""
+    pool = _write_pool(tmp_path / "pool.jsonl", [0.5] * 60)
+    with pytest.raises(SystemExit, match=r"^bench/allocation.py: pilot_commit \(service, 128 "
+                                         r"groups\): .*nothing to measure \(raise --groups\)$"):
+        bench.main(["--pool-file", str(pool), "--k", "8", "--methods", "pilot_commit",
+                    "--groups", "128", "--model-reps", "0", "--no-progress", "--no-write"])
+
+
 @pytest.mark.parametrize("line, fix", [
     ('{"id": "a", "meta": {"p_success": 1.5}}', "meta.p_success must be a number in [0, 1]"),
     ('{"id": "a", "meta": {}}', "meta.p_success must be a number in [0, 1]"),
