@@ -297,6 +297,12 @@ def report(args, rounds: list[Round], model: str, command: str) -> str:
     def med_core(path: str, key: str = "engine-core") -> float:
         return statistics.median((r.cores or {}).get(key, 0.0) for r in rounds if r.path == path)
 
+    def cpu_ms_per_rollout(path: str) -> float:
+        return statistics.median(1000 * ((r.cores or {}).get("worker", 0.0)
+                                         + (r.cores or {}).get("scheduler", 0.0)) / r.rate
+                                 for r in rounds if r.path == path)
+
+    added_ms = cpu_ms_per_rollout("service") - cpu_ms_per_rollout("engine")
     engine, service = med("engine", "rate"), med("service", "rate")
     pairs = [(rounds[i], rounds[i + 1]) for i in range(0, len(rounds) - 1, 2)]
     pair_ratios = [(b.rate / a.rate) if a.path == "engine" else (a.rate / b.rate)
@@ -347,6 +353,9 @@ def report(args, rounds: list[Round], model: str, command: str) -> str:
         f"is about the same): {', '.join(f'{r:.0%}' for r in pair_ratios)}",
         f"  engine work per rollout: median rollouts per engine CPU-second, engine "
         f"{med('engine', 'per_engine_cpu'):.1f}, service {med('service', 'per_engine_cpu'):.1f}",
+        f"  CPU the service path adds per rollout: {added_ms:.2f} ms (median over rounds of "
+        "(worker process + scheduler + Redis) CPU per rollout in the service path, minus the "
+        "median of this process's CPU per rollout driving the engine directly; target <= 0.8)",
         f"  engine core process: median cores, engine {med_core('engine'):.2f}, service "
         f"{med_core('service'):.2f}; waiting for a CPU {med_core('engine', 'engine-core-waiting'):.2f} "
         f"against {med_core('service', 'engine-core-waiting'):.2f} s/s",
