@@ -10,13 +10,18 @@ from .common import DEFAULT_URL, LogFormatOpt, LogLevelOpt, UrlOpt, fail, option
     setup_logging
 
 
+DEFAULT_CAPACITY = 64   # a backend without an engine to fill (sim, hf, openai)
+
+
 def worker(
     backend: Annotated[str, typer.Option(help="sim, hf, openai, vllm (or a plug-in).")] = "sim",
     url: UrlOpt = DEFAULT_URL,
     token: Annotated[Optional[str], typer.Option(
         "--token", envvar=["SARA_WORKER_TOKEN", "SARA_TOKEN"], help="Worker bearer token.")] = None,
     worker_id: Annotated[Optional[str], typer.Option(help="Default: hostname-pid.")] = None,
-    capacity: Annotated[int, typer.Option(min=1, help="Most rollouts in flight at once.")] = 64,
+    capacity: Annotated[Optional[int], typer.Option(
+        min=1, help="Most rollouts in flight at once (default: vllm, the engine's max_num_seqs "
+                    "and half as many leased ahead; other backends 64).")] = None,
     lease_min: Annotated[Optional[int], typer.Option(
         min=1, help="While rollouts are held, lease once this many slots are free "
                     "(default: capacity / 4).")] = None,
@@ -61,15 +66,17 @@ def worker(
                               gpu_memory_utilization=gpu_memory_utilization,
                               extra=option_values(option or []))
     config = WorkerConfig(
-        worker_id=worker_id or default_worker_id(), backend_name=backend, capacity=capacity,
+        worker_id=worker_id or default_worker_id(), backend_name=backend,
+        capacity=capacity or DEFAULT_CAPACITY,
         lease_min_size=lease_min, lease_wait_s=lease_wait, report_batch=report_batch,
         flush_interval_s=flush_ms / 1000.0,
         lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
         drain_timeout_s=drain_timeout, log_interval_s=log_interval)
     setup_logging(log_level, log_format, worker_id=config.worker_id)
-    typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={capacity} -> {url}")
+    shown = capacity or f"{DEFAULT_CAPACITY}, or fitted to the engine"
+    typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={shown} -> {url}")
     try:
-        counters = main(backend, options, config, url, token)
+        counters = main(backend, options, config, url, token, fit_capacity=capacity is None)
     except ValueError as e:  # unknown backend, bad backend options
         raise fail(f"sara worker: {e}", 2) from None
     except Exception as e:  # WorkerError: credentials refused, policy not loadable, ...

@@ -515,7 +515,8 @@ async def test_worker_leases_again_only_once_a_lease_worth_of_slots_is_free(make
 
 
 def test_lease_min_size_defaults_to_a_quarter_of_capacity():
-    assert WorkerConfig(capacity=64).lease_min_size == 16
-    assert WorkerConfig(capacity=3).lease_min_size == 1
+    assert WorkerConfig(capacity=64).lease_min == 16
+    assert WorkerConfig(capacity=3).lease_min == 1
+    assert WorkerConfig(capacity=64, lease_min_size=5).lease_min == 5
     with pytest.raises(ValueError, match="lease_min_size"):
         WorkerConfig(lease_min_size=0)

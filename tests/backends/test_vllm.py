@@ -85,6 +85,17 @@ def test_unknown_engine_option_is_rejected():
         VLLMBackend("x", weight_update="sometimes")
 
 
+async def test_worker_capacity_fits_the_engines_own_slots(vllm):
+    """`sara worker --backend vllm` without --capacity holds the engine's max_num_seqs (vLLM's
+    default for this device here: none was set) and half as many again."""
+    from sara_worker.process import fitted_capacity
+
+    slots = await vllm.engine_slots()
+    assert slots == vllm.engine.vllm_config.scheduler_config.max_num_seqs >= 1
+    assert await fitted_capacity(vllm) == slots + slots // 2
+    assert await VLLMBackend(None).engine_slots() is None   # nothing to start on: not started
+
+
 async def test_generation_seeds_and_logprobs_match_transformers(vllm, tiny_policy):
     await vllm.load_policy(0, str(tiny_policy))
     await _common.check_generation(vllm)

@@ -14,8 +14,8 @@ runner = CliRunner()
 def _capture_worker(monkeypatch) -> dict:
     seen: dict = {}
 
-    def fake_main(backend, options, config, url, token):
-        seen.update(backend=backend, options=options)
+    def fake_main(backend, options, config, url, token, *, fit_capacity=False):
+        seen.update(backend=backend, options=options, config=config, fit=fit_capacity)
         raise KeyboardInterrupt   # stop before any network
 
     monkeypatch.setattr(sara_worker.process, "main", fake_main)
@@ -35,6 +35,16 @@ def test_gpu_memory_utilization_flag_and_env(monkeypatch):
     runner.invoke(cli.app, ["worker", "--backend", "sim"],
                   env={"SARA_VLLM_GPU_MEMORY_UTILIZATION": "0.45"})
     assert "gpu_memory_utilization" not in seen["options"]   # only vllm takes it
+
+
+def test_capacity_is_fitted_to_the_engine_unless_given(monkeypatch):
+    seen = _capture_worker(monkeypatch)
+    runner.invoke(cli.app, ["worker", "--backend", "vllm", "--model", "m"])
+    assert seen["fit"] is True and seen["config"].capacity == 64   # replaced once it starts
+    seen.clear()
+    runner.invoke(cli.app, ["worker", "--backend", "vllm", "--model", "m", "--capacity", "32"])
+    assert seen["fit"] is False and seen["config"].capacity == 32
+    assert seen["config"].lease_min == 8
 
 
 def trained_config(monkeypatch, args: list[str]):

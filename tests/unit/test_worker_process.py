@@ -48,3 +48,35 @@ async def test_sigterm_stops_the_worker_and_gives_the_signal_back(tmp_path):
         # the handler the in-process scheduler put in is back
         assert signal.getsignal(signal.SIGTERM) == before
     assert counters is loop.counters
+
+
+class _EngineStandIn:
+    """Stands in for an engine backend (vllm needs its engine started): only its slots."""
+
+    def __init__(self, slots: int | None) -> None:
+        self.slots = slots
+
+    async def engine_slots(self) -> int | None:
+        return self.slots
+
+
+@pytest.mark.anyio
+async def test_capacity_fits_the_engine_slots_and_half_as_many_ahead():
+    from sara_worker.process import fitted_capacity
+
+    assert await fitted_capacity(_EngineStandIn(64)) == 96
+    assert await fitted_capacity(_EngineStandIn(1)) == 2
+    assert await fitted_capacity(_EngineStandIn(None)) is None   # no model to start on yet
+    assert await fitted_capacity(SimBackend(seed=0)) is None     # no engine to fill
+
+
+@pytest.mark.anyio
+async def test_a_fitted_capacity_keeps_lease_min_a_quarter_of_it_unless_set():
+    from sara_worker.process import with_fitted_capacity as fit
+
+    fitted = await fit(_EngineStandIn(64), sara_worker.WorkerConfig(capacity=64))
+    assert (fitted.capacity, fitted.lease_min) == (96, 24)
+    kept = await fit(_EngineStandIn(64), sara_worker.WorkerConfig(lease_min_size=5))
+    assert (kept.capacity, kept.lease_min) == (96, 5)
+    unchanged = sara_worker.WorkerConfig(capacity=64)
+    assert await fit(SimBackend(seed=0), unchanged) is unchanged

