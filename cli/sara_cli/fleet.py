@@ -27,7 +27,9 @@ def fleet(
     url: UrlOpt = DEFAULT_URL,
     token: Annotated[Optional[str], typer.Option(
         "--token", envvar=["SARA_WORKER_TOKEN", "SARA_TOKEN"], help="Worker bearer token.")] = None,
-    capacity: Annotated[int, typer.Option(min=1, help="Rollouts in flight per actor.")] = 64,
+    capacity: Annotated[Optional[int], typer.Option(
+        min=1, help="Rollouts in flight per actor (default: vllm, the engine's max_num_seqs and "
+                    "half as many leased ahead; other backends 64).")] = None,
     lease_ttl: Annotated[float, typer.Option(envvar="SARA_LEASE_TTL_S", min=0.001,
                                              help="The scheduler's lease TTL, s.")] = 60.0,
     drain_timeout: Annotated[float, typer.Option(min=0, help="On SIGTERM: longest wait for "
@@ -47,8 +49,9 @@ def fleet(
         spec = FleetSpec(url=url, token=token, backend=backend, options=options, actors=actors,
                          gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor,
                          max_restarts=max_restarts, name=name, address=address,
-                         worker={"capacity": capacity, "lease_ttl_s": lease_ttl,
-                                 "drain_timeout_s": drain_timeout})
+                         worker={"lease_ttl_s": lease_ttl, "drain_timeout_s": drain_timeout,
+                                 **({"capacity": capacity} if capacity else {})},
+                         fit_capacity=capacity is None)
         running = Fleet(spec).start()
     except (ValueError, ImportError) as e:
         raise fail(f"sara fleet: {e}", 2) from None

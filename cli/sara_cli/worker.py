@@ -10,9 +10,6 @@ from .common import DEFAULT_URL, LogFormatOpt, LogLevelOpt, UrlOpt, fail, option
     setup_logging
 
 
-DEFAULT_CAPACITY = 64   # a backend without an engine to fill (sim, hf, openai)
-
-
 def worker(
     backend: Annotated[str, typer.Option(help="sim, hf, openai, vllm (or a plug-in).")] = "sim",
     url: UrlOpt = DEFAULT_URL,
@@ -67,13 +64,13 @@ def worker(
                               extra=option_values(option or []))
     config = WorkerConfig(
         worker_id=worker_id or default_worker_id(), backend_name=backend,
-        capacity=capacity or DEFAULT_CAPACITY,
+        **({"capacity": capacity} if capacity else {}),
         lease_min_size=lease_min, lease_wait_s=lease_wait, report_batch=report_batch,
         flush_interval_s=flush_ms / 1000.0,
         lease_ttl_s=lease_ttl, max_rollouts=max_rollouts, on_stop=on_stop,  # type: ignore[arg-type]
         drain_timeout_s=drain_timeout, log_interval_s=log_interval)
     setup_logging(log_level, log_format, worker_id=config.worker_id)
-    shown = capacity or f"{DEFAULT_CAPACITY}, or fitted to the engine"
+    shown = capacity or f"{config.capacity}, or fitted to the engine"
     typer.echo(f"sara: worker {config.worker_id} backend={backend} capacity={shown} -> {url}")
     try:
         counters = main(backend, options, config, url, token, fit_capacity=capacity is None)

@@ -80,3 +80,30 @@ async def test_a_fitted_capacity_keeps_lease_min_a_quarter_of_it_unless_set():
     assert (kept.capacity, kept.lease_min) == (96, 5)
     unchanged = sara_worker.WorkerConfig(capacity=64)
     assert await fit(SimBackend(seed=0), unchanged) is unchanged
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fit, capacity", [(True, 12), (False, 64)])
+async def test_a_fleet_actor_fits_its_capacity_to_its_engine_when_told(monkeypatch, fit, capacity):
+    """`sara fleet` without --capacity: each actor fits its own engine, as `sara worker` does."""
+    import sara_worker.backends as backends
+    import sara_worker.loop as loop_module
+    from sara_worker.fleet import FleetSpec, FleetWorker
+
+    class Engine(_EngineStandIn):
+        async def close(self) -> None:
+            return None
+
+    class Loop:  # stands in for the loop: this test is about the config it is given
+        def __init__(self, client, backend, config) -> None:
+            seen.append(config.capacity)
+
+        async def run(self) -> sara_worker.WorkerCounters:
+            return sara_worker.WorkerCounters()
+
+    seen: list[int] = []
+    monkeypatch.setattr(backends, "create_backend", lambda name, **options: Engine(8))
+    monkeypatch.setattr(loop_module, "WorkerLoop", Loop)
+    await FleetWorker(FleetSpec(url="http://127.0.0.1:9", backend="vllm", fit_capacity=fit),
+                      0).run()
+    assert seen == [capacity]

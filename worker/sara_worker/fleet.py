@@ -59,6 +59,7 @@ class FleetSpec:
     name: str = "fleet"
     worker: dict[str, Any] = dataclasses.field(default_factory=dict)
     address: str | None = None  # ray.init(address=...); None: RAY_ADDRESS or "auto"
+    fit_capacity: bool = False  # each actor's capacity fitted to its engine, as `sara worker`
 
     def __post_init__(self) -> None:
         if self.actors < 1:
@@ -85,13 +86,17 @@ class FleetWorker:
 
         from .backends import create_backend
         from .loop import WorkerLoop
+        from .process import with_fitted_capacity
 
         backend = create_backend(self.spec.backend, **self.spec.options)
         client = AsyncSaraClient(self.spec.url, token=self.spec.token)
-        self.loop = WorkerLoop(client, backend, self.spec.worker_config(self.index))
-        if self.draining:
-            self.loop.stop()
         try:
+            config = self.spec.worker_config(self.index)
+            if self.spec.fit_capacity:
+                config = await with_fitted_capacity(backend, config)
+            self.loop = WorkerLoop(client, backend, config)
+            if self.draining:
+                self.loop.stop()
             return (await self.loop.run()).as_dict()
         finally:
             await backend.close()
