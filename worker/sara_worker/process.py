@@ -36,9 +36,9 @@ def backend_options(backend: str, *, model: str | None = None, base_url: str | N
     return options
 
 
-# Rollouts held beyond the engine's slots, as a share of them: queued in the engine, they keep it
-# full while a lease is on its way back (a worker holding just the engine's slots left its engine
-# waiting for leases: bench/worker_overhead.py, docs/benchmarks.md).
+# Rollouts held beyond the engine's slots, as a share of them: queued in the engine, they fill
+# the slots that free up while the next lease is on its way back (the worker leases again once a
+# quarter of its capacity is free, so at least a quarter of the slots stays covered).
 LEASE_AHEAD = 0.5
 
 
