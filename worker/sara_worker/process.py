@@ -37,8 +37,8 @@ def backend_options(backend: str, *, model: str | None = None, base_url: str | N
 
 
 # Rollouts held beyond the engine's slots, as a share of them: queued in the engine, they fill
-# the slots that free up while the next lease is on its way back (the worker leases again once a
-# quarter of its capacity is free, so at least a quarter of the slots stays covered).
+# the slots that free up while the next lease is on its way back. The worker leases again once a
+# quarter of its capacity is free, when it still holds 1.125 times the slots.
 LEASE_AHEAD = 0.5
 
 
