@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -224,6 +225,24 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """How this run was started, as a report's `command:` line gives it."""
+    return shlex.join(["python", f"bench/{script}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def publish_report(text: str, out: Path, *, write: bool, append: bool = False) -> None:
+    """Print a bench's report and write it to `out` (below the file's earlier reports, after a
+    rule, with `append`)."""
+    print("\n" + text)
+    if not write:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if append and out.exists():
+        text = out.read_text() + "\n" + "=" * 100 + "\n\n" + text
+    out.write_text(text)
+    print(f"written to {out}")
 
 
 def load_average() -> str:

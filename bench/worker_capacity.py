@@ -26,8 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _engine_meter import CpuMeter, build_model, load_average  # noqa: E402
-from worker_overhead import Scheduler, cores_text, service_round  # noqa: E402
+from _engine_meter import (  # noqa: E402  (bench/ is not a package)
+    CpuMeter, build_model, command_line, load_average, publish_report,
+)
+from worker_overhead import Scheduler, cores_text, engine_round, service_round  # noqa: E402
+from worker_overhead import parse_args as overhead_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "bench" / "results" / "worker_capacity.txt"
@@ -48,8 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def round_args(rollouts: int, capacity: int) -> argparse.Namespace:
     """What worker_overhead's service round reads: k 8, its sampling, `capacity` held."""
-    from worker_overhead import parse_args as overhead_args
-
     return overhead_args(["--rollouts", str(rollouts), "--concurrency", str(capacity),
                           "--lease-ahead", "0"])
 
@@ -64,6 +65,8 @@ async def run(args: argparse.Namespace, work: Path) -> tuple[int, list[tuple[str
     rounds: list[tuple[str, int, object]] = []
     try:
         slots, fitted = await backend.engine_slots(), await fitted_capacity(backend)
+        # first-request costs out of the way, so that the first round is not the slower for them
+        await engine_round(backend, round_args(64, 64), "warm-")
         meter = CpuMeter(scheduler.cpu_pid())
         kinds = [("fixed", FIXED), ("fitted", fitted)]
         for i in range(args.rounds):
@@ -120,16 +123,10 @@ def report(args: argparse.Namespace, slots: int, rounds: list, command: str) -> 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    command = "python bench/worker_capacity.py " + " ".join(
-        argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="sara-bench-") as tmp:
         slots, rounds = asyncio.run(run(args, Path(tmp)))
-    text = report(args, slots, rounds, command.strip())
-    print("\n" + text)
-    if not args.no_write:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"written to {args.out}")
+    text = report(args, slots, rounds, command_line("worker_capacity.py", argv))
+    publish_report(text, args.out, write=not args.no_write)
 
 
 if __name__ == "__main__":

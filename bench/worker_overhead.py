@@ -39,7 +39,6 @@ import asyncio
 import datetime
 import os
 import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -52,7 +51,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _engine_meter import (  # noqa: E402  (bench/ is not a package)
-    CpuMeter, InflightSampler, ServeProcess, build_model, load_average,
+    CpuMeter, InflightSampler, ServeProcess, build_model, command_line, load_average,
+    publish_report,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -369,18 +369,10 @@ def report(args, rounds: list[Round], model: str, command: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    command = "python bench/worker_overhead.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     with tempfile.TemporaryDirectory(prefix="sara-bench-") as tmp:
         rounds, model = asyncio.run(run(args, Path(tmp)))
-    text = report(args, rounds, model, command.strip())
-    print("\n" + text)
-    if not args.no_write:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        if args.append and args.out.exists():
-            text = args.out.read_text() + "\n" + "=" * 100 + "\n\n" + text
-        args.out.write_text(text)
-        print(f"written to {args.out}")
+    text = report(args, rounds, model, command_line("worker_overhead.py", argv))
+    publish_report(text, args.out, write=not args.no_write, append=args.append)
 
 
 if __name__ == "__main__":

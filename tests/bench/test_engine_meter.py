@@ -34,3 +34,15 @@ def test_engine_core_is_the_titled_child_and_part_of_the_engine():
     assert 0.25 <= used["engine-core"] < 0.5   # one child: 0.3 s burnt and its start-up
     assert used["engine"] >= used["engine-core"] + 0.25   # both children are the engine
     assert used["engine-core-waiting"] <= used["engine-waiting"]
+
+
+def test_a_report_is_written_below_the_earlier_ones_only_when_asked(tmp_path, capsys):
+    out = tmp_path / "results" / "r.txt"
+    meter.publish_report("first\n", out, write=False)
+    assert not out.exists() and "first" in capsys.readouterr().out
+    meter.publish_report("first\n", out, write=True)
+    meter.publish_report("second\n", out, write=True, append=True)
+    assert out.read_text() == "first\n\n" + "=" * 100 + "\n\nsecond\n"
+    meter.publish_report("third\n", out, write=True)
+    assert out.read_text() == "third\n"
+    assert meter.command_line("b.py", ["--out", "a b"]) == "python bench/b.py --out 'a b'"
