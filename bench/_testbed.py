@@ -89,6 +89,10 @@ class Protocol:
     probe_size: int = 200
     max_matched: int = 8          # uniform_matched asks for at most this many times B
     time_budget_s: float = 900.0  # a run that takes longer stops there (and says so)
+    # flow control, the same for every method: batches of expected mixed groups the scheduler
+    # keeps in the making, and the policy versions a delivered group may lag
+    prefetch_batches: int = 1
+    max_staleness: int = 1
 
     @classmethod
     def quick(cls) -> Protocol:
@@ -189,6 +193,7 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
         selection=spec.get("selection", "epoch"),
         eval_every_rollouts=max(1, protocol.rollouts // protocol.evals),
         time_budget_s=protocol.time_budget_s, batch_timeout_s=120.0,
+        prefetch_batches=protocol.prefetch_batches, max_staleness=protocol.max_staleness,
         # a weights-only policy version every step, a full checkpoint only at the end: the
         # per-step overhead is then what a trainer publishing each step pays
         trainer_options={"checkpoint_every": 1_000_000, "publish_every": 1},

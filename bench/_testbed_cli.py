@@ -63,6 +63,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="held-out test problems (default 4000; the first recording used 2000)")
     p.add_argument("--val-size", type=int, default=None,
                    help="validation problems (default 2000; the first recording used 1000)")
+    p.add_argument("--prefetch-batches", type=int, default=None,
+                   help="batches of expected mixed groups kept in the making, every method "
+                   "(default 1)")
+    p.add_argument("--max-staleness", type=int, default=None,
+                   help="policy versions a delivered group may lag, every method (default 1)")
     p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
     p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
                    "or a temporary one with --quick)")
@@ -90,6 +95,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+# protocol fields added after runs were recorded, with the value those runs had
+ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1}
+
+
+def same_protocol(run: dict[str, Any], protocol: Protocol) -> bool:
+    """Whether a recorded run ran under `protocol` (a run from before a field existed ran at
+    that field's value in :data:`ADDED_FIELDS`)."""
+    recorded = run.get("protocol")
+    return recorded is not None and {**ADDED_FIELDS, **recorded} == asdict(protocol)
+
+
 class Recorder:
     """Runs done so far (PREFIX.runs.jsonl), appended as each one ends; only runs from the same
     warm start (its weights' SHA-256) count as done."""
@@ -110,7 +126,7 @@ class Recorder:
         are the recommended key's runs, relabelled."""
         source = RECOMMENDED if method == "recommended" else method
         found = next((r for r in self.runs if (r["method"], r["seed"], r["lr"], r["split"])
-                      == (source, seed, lr, split) and r.get("protocol") == asdict(protocol)
+                      == (source, seed, lr, split) and same_protocol(r, protocol)
                       and r.get("start", {}).get("weights_sha256") == self.weights
                       and r.get("evaluation") == EVALUATION), None)
         if found is None or source == method:
@@ -165,7 +181,8 @@ def seeds_of(args: argparse.Namespace, method: str) -> list[int]:
 def protocol_of(args: argparse.Namespace) -> Protocol:
     """The protocol's sizes: the full or the quick one, with the sizes the command gives."""
     protocol = Protocol.quick() if args.quick else Protocol()
-    given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size")
+    given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size",
+                                                    "prefetch_batches", "max_staleness")
              if getattr(args, name)}
     return Protocol(**{**asdict(protocol), **given})
 
@@ -227,7 +244,8 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         f"{os.getloadavg()[0]:.1f}",
         f"protocol:  B = {protocol.batch_groups} groups a step, k = {protocol.k}, "
         f"{protocol.rollouts:,} rollouts a run, pool {protocol.pool_size} prompts, test "
-        f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}",
+        f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}, "
+        f"prefetch {protocol.prefetch_batches} batches, max staleness {protocol.max_staleness}",
         f"lr:        {lrs}", f"start:     {start}", "", ""])
 
 

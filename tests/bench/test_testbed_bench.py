@@ -117,6 +117,21 @@ def test_lasting_learning_is_judged_in_standard_errors():
         "uniform_saturation_pass"]                  # no all-success group
 
 
+def test_a_missed_criterion_names_the_methods_that_miss_it():
+    runs = [_run("ds", 0, [0.4, 0.5]), _run("ds", 1, [0.4, 0.5], seconds=190.0),
+            _run("reinforce_ada", 0, [0.4, 0.5], pool_revisits=1.4),
+            _run("reinforce_ada", 1, [0.4, 0.5], pool_revisits=1.5)]
+    crit = report.criteria(runs)
+    assert not crit["revisit_pass"] and not crit["run_time_pass"]
+    assert crit["revisits_below"] == {"reinforce_ada": {"runs": 2, "of": 2, "min": 1.4,
+                                                        "max": 1.5}}
+    assert crit["runs_over"] == {"ds": {"runs": 1, "of": 2, "min": 190.0, "max": 190.0}}
+    text = report.format_criteria(crit)
+    assert "pool revisits: at least 1.4: NOT met; missed by reinforce_ada 2/2 (1.4-1.5)" in text
+    assert "longest run: 190 s: NOT met; missed by ds 1/2 (190-190 s)" in text
+    assert "missed by" not in report.format_criteria(report.criteria(runs[:1]))
+
+
 def test_matched_batch_holds_b_mixed_groups_in_expectation():
     protocol = testbed.Protocol(batch_groups=16, max_matched=8)
     assert testbed.matched_cap(protocol, 0.5) == 40          # 1.25 x 16 / 0.5
@@ -173,9 +188,18 @@ def test_arguments_are_checked_and_ds_is_always_run():
     assert (sized.test_size, sized.val_size, sized.rollouts) == (2000, 1000, 80_000)
     assert cli.protocol_of(cli.parse_args(["--quick", "--rollouts", "999"])) == \
         testbed.Protocol(**{**testbed.asdict(testbed.Protocol.quick()), "rollouts": 999})
+    flow = cli.protocol_of(cli.parse_args(["--prefetch-batches", "2", "--max-staleness", "2"]))
+    assert (flow.prefetch_batches, flow.max_staleness) == (2, 2)
     for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"]):
         with pytest.raises(SystemExit):
             cli.parse_args(bad)
+
+
+def test_flow_control_is_the_protocols_and_the_same_for_every_method(tmp_path):
+    protocol = testbed.Protocol(prefetch_batches=2, max_staleness=3)
+    for method in testbed.METHODS:
+        cfg = testbed._demo_config(method, 0, 1e-4, protocol, tmp_path)
+        assert (cfg.prefetch_batches, cfg.max_staleness) == (2, 3), method
 
 
 def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path, monkeypatch):
@@ -238,6 +262,13 @@ def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     assert shipped.find("ds", 0, 1e-4, "test", testbed.Protocol(rollouts=10)) is None
     elsewhere = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False, start_from=str(other))
     assert elsewhere.find("ds", 0, 1e-4, "test", protocol) is None
+    # recorded before the protocol had its flow-control fields: at their values then
+    older = {**ran, "protocol": {k: v for k, v in ran["protocol"].items()
+                                 if k not in ("prefetch_batches", "max_staleness")}}
+    (tmp_path / "t.runs.jsonl").write_text(json.dumps(older) + "\n")
+    again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
+    assert again.find("ds", 0, 1e-4, "test", protocol) == older
+    assert again.find("ds", 0, 1e-4, "test", testbed.Protocol(prefetch_batches=2)) is None
     for field in ("start", "evaluation"):   # recorded before runs named it
         legacy = {k: v for k, v in ran.items() if k != field}
         (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
