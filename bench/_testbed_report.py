@@ -153,7 +153,30 @@ def criteria(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     out["revisit_pass"] = out["min_pool_revisits"] >= 4
     out["run_time_pass"] = out["max_run_seconds"] <= 180
+    out["revisits_below"] = misses(runs, "pool_revisits", lambda v: v < 4)
+    out["runs_over"] = misses(runs, "seconds", lambda v: v > 180)
     return out
+
+
+def misses(runs: list[dict[str, Any]], field: str, missed: Any) -> dict[str, dict[str, Any]]:
+    """Per method with a run whose `field` is `missed`: how many of its runs, of how many, and
+    the range of the field over them, so a criterion's failure names who fails it."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in dict.fromkeys(r["method"] for r in runs):
+        values = [r[field] for r in runs if r["method"] == method]
+        bad = [v for v in values if missed(v)]
+        if bad:
+            out[method] = {"runs": len(bad), "of": len(values), "min": min(bad), "max": max(bad)}
+    return out
+
+
+def _named_misses(found: dict[str, dict[str, Any]], unit: str) -> str:
+    if not found:
+        return ""
+    digits = 0 if unit else 1   # seconds whole, revisits to a tenth
+    return "; missed by " + ", ".join(
+        f"{m} {d['runs']}/{d['of']} ({d['min']:.{digits}f}-{d['max']:.{digits}f}{unit})"
+        for m, d in found.items())
 
 
 def target_ratios(summary: list[dict[str, Any]]) -> dict[str, Any]:
@@ -286,8 +309,10 @@ def format_criteria(crit: dict[str, Any]) -> str:
         f"  saturation under uniform: at least {100 * crit['uniform_min_saturated']:.0f}% of "
         f"probe groups at every evaluation: {flag(crit['uniform_saturation_pass'])}",
         f"  probe transitions under uniform: {crit['uniform_transitions']}",
-        f"  pool revisits: at least {crit['min_pool_revisits']:.1f}: {flag(crit['revisit_pass'])}",
-        f"  longest run: {crit['max_run_seconds']:.0f} s: {flag(crit['run_time_pass'])}"]
+        f"  pool revisits: at least {crit['min_pool_revisits']:.1f}: {flag(crit['revisit_pass'])}"
+        + _named_misses(crit.get("revisits_below", {}), ""),
+        f"  longest run: {crit['max_run_seconds']:.0f} s: {flag(crit['run_time_pass'])}"
+        + _named_misses(crit.get("runs_over", {}), " s")]
     return "\n".join(lines)
 
 
