@@ -92,8 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rollouts of each raw-engine round")
     p.add_argument("--concurrency", type=int, default=64, help="the engine's max_num_seqs")
     p.add_argument("--capacity", type=int, default=None,
-                   help="the worker's capacity (default: 2 x --concurrency, so leases come "
-                        "back while the engine is full)")
+                   help="the worker's capacity (default: what sara worker fits to an engine "
+                        "of --concurrency slots, 1.5 x, so leases come back while it is full)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8, help="groups per trainer batch")
     p.add_argument("--prefetch-batches", type=int, default=None,
@@ -124,7 +124,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.raw_rollouts, args.pool_size = 128, 128
     if min(args.k, args.rounds, args.effective_groups, args.raw_rollouts, args.pool_size) < 1:
         p.error("--k, --rounds, --effective-groups, --raw-rollouts, --pool-size must be >= 1")
-    args.capacity = args.capacity or 2 * args.concurrency
+    from sara_worker.process import capacity_for_slots
+
+    args.capacity = args.capacity or capacity_for_slots(args.concurrency)
     if args.json is None and not args.no_write:
         args.json = args.out.with_suffix(".json")
     return args

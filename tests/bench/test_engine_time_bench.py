@@ -119,8 +119,14 @@ def test_unknown_policies_are_refused():
     with pytest.raises(SystemExit):
         bench.parse_args(["--policies", "ds,greedy"])
     args = bench.parse_args(["--quick", "--no-write"])
-    assert args.json is None and args.effective_groups == 16 and args.capacity == 128
+    assert args.json is None and args.effective_groups == 16
     assert isinstance(args, argparse.Namespace)
+
+
+def test_the_worker_holds_what_sara_worker_would_fit_to_the_engine_unless_told():
+    assert bench.parse_args(["--no-write"]).capacity == 96            # 64 slots + 32 ahead
+    assert bench.parse_args(["--no-write", "--concurrency", "128"]).capacity == 192
+    assert bench.parse_args(["--no-write", "--capacity", "128"]).capacity == 128
 
 
 @pytest.mark.slow

@@ -42,13 +42,19 @@ def backend_options(backend: str, *, model: str | None = None, base_url: str | N
 LEASE_AHEAD = 0.5
 
 
+def capacity_for_slots(slots: int) -> int:
+    """The capacity that keeps an engine of `slots` requests at once full: its slots and half
+    as many again leased ahead."""
+    return slots + max(1, int(slots * LEASE_AHEAD))
+
+
 async def fitted_capacity(backend: Any) -> int | None:
-    """A capacity that keeps the backend's engine full: its slots (``engine_slots()``, the
-    engine's most requests at once) and half as many again leased ahead. None for a backend
-    without slots to fill (sim, hf, openai) or an engine not startable yet."""
+    """`capacity_for_slots` of the backend's engine (``engine_slots()``, the engine's most
+    requests at once). None for a backend without slots to fill (sim, hf, openai) or an engine
+    not startable yet."""
     slots_of = getattr(backend, "engine_slots", None)
     slots = await slots_of() if slots_of is not None else None
-    return None if not slots else slots + max(1, int(slots * LEASE_AHEAD))
+    return None if not slots else capacity_for_slots(slots)
 
 
 async def run(backend_name: str, options: dict[str, Any], config: WorkerConfig, url: str,
