@@ -79,7 +79,9 @@ class Protocol:
 
     batch_groups: int = 16
     k: int = 8
-    rollouts: int = 80_000
+    # 90,000: at 80,000 (117 DS steps) DS plateaued within a test SE before step 100 on two
+    # seeds of five; at 100,000 SARA + DPS's 248 steps took 181 s (docs/benchmarks.md)
+    rollouts: int = 90_000
     evals: int = 16
     pool_size: int = 1000
     # 4,000 test problems (SE about 0.8 points) and 2,000 for validation: at half those, the
@@ -90,9 +92,11 @@ class Protocol:
     max_matched: int = 8          # uniform_matched asks for at most this many times B
     time_budget_s: float = 900.0  # a run that takes longer stops there (and says so)
     # flow control, the same for every method: batches of expected mixed groups the scheduler
-    # keeps in the making, and the policy versions a delivered group may lag
-    prefetch_batches: int = 1
-    max_staleness: int = 1
+    # keeps in the making, and the policy versions a delivered group may lag. With one batch in
+    # the making the selectors' generate calls held 20-30 rollouts and their runs took 216-421 s;
+    # with two (and groups two versions old accepted, under the loss's clipped ratio) 138-180 s
+    prefetch_batches: int = 2
+    max_staleness: int = 2
 
     @classmethod
     def quick(cls) -> Protocol:
@@ -101,7 +105,9 @@ class Protocol:
         ranged 4.8-13.9 points over five runs (the async scheduler's order varies), too close to
         the CI test's 5-point floor; at 6,000 it ranged 9.8-15.0 over four, for 2 s more a run."""
         return cls(batch_groups=4, rollouts=6_000, evals=2, test_size=400, val_size=300,
-                   probe_size=48, time_budget_s=300.0)
+                   probe_size=48, time_budget_s=300.0,
+                   # the CI test's floor was measured at one batch in the making
+                   prefetch_batches=1, max_staleness=1)
 
 
 def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,

@@ -65,9 +65,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="validation problems (default 2000; the first recording used 1000)")
     p.add_argument("--prefetch-batches", type=int, default=None,
                    help="batches of expected mixed groups kept in the making, every method "
-                   "(default 1)")
+                   "(default 2; quick 1)")
     p.add_argument("--max-staleness", type=int, default=None,
-                   help="policy versions a delivered group may lag, every method (default 1)")
+                   help="policy versions a delivered group may lag, every method (default 2; "
+                   "quick 1)")
     p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
     p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
                    "or a temporary one with --quick)")

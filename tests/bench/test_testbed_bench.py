@@ -185,7 +185,7 @@ def test_arguments_are_checked_and_ds_is_always_run():
     assert args.lr_grid == [1e-4, 3e-4, 1e-3] and cli.parse_args(["--quick"]).lr_grid == [3e-4]
     assert cli.protocol_of(args) == testbed.Protocol()
     sized = cli.protocol_of(cli.parse_args(["--test-size", "2000", "--val-size", "1000"]))
-    assert (sized.test_size, sized.val_size, sized.rollouts) == (2000, 1000, 80_000)
+    assert (sized.test_size, sized.val_size, sized.rollouts) == (2000, 1000, 90_000)
     assert cli.protocol_of(cli.parse_args(["--quick", "--rollouts", "999"])) == \
         testbed.Protocol(**{**testbed.asdict(testbed.Protocol.quick()), "rollouts": 999})
     flow = cli.protocol_of(cli.parse_args(["--prefetch-batches", "2", "--max-staleness", "2"]))
@@ -262,13 +262,14 @@ def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     assert shipped.find("ds", 0, 1e-4, "test", testbed.Protocol(rollouts=10)) is None
     elsewhere = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False, start_from=str(other))
     assert elsewhere.find("ds", 0, 1e-4, "test", protocol) is None
-    # recorded before the protocol had its flow-control fields: at their values then
-    older = {**ran, "protocol": {k: v for k, v in ran["protocol"].items()
+    # recorded before the protocol had its flow-control fields: at their values then (1, 1)
+    then = testbed.Protocol(prefetch_batches=1, max_staleness=1)
+    older = {**ran, "protocol": {k: v for k, v in testbed.asdict(then).items()
                                  if k not in ("prefetch_batches", "max_staleness")}}
     (tmp_path / "t.runs.jsonl").write_text(json.dumps(older) + "\n")
     again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
-    assert again.find("ds", 0, 1e-4, "test", protocol) == older
-    assert again.find("ds", 0, 1e-4, "test", testbed.Protocol(prefetch_batches=2)) is None
+    assert again.find("ds", 0, 1e-4, "test", then) == older
+    assert again.find("ds", 0, 1e-4, "test", protocol) is None   # two batches in the making
     for field in ("start", "evaluation"):   # recorded before runs named it
         legacy = {k: v for k, v in ran.items() if k != field}
         (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
