@@ -90,6 +90,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.lr = {m: float(v) for m, v in (kv.split("=") for kv in args.lr.split(",") if kv)}
     except ValueError as exc:
         p.error(f"bad number in --seeds, --lr-grid or --lr: {exc}")
+    for flag in ("prefetch_batches", "max_staleness"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if set(args.lr) - set(METHODS):
         p.error(f"--lr names unknown methods {sorted(set(args.lr) - set(METHODS))}")
     args.methods = list(dict.fromkeys(["ds", *args.methods.split(",")]))  # targets need DS

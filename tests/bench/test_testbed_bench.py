@@ -190,7 +190,8 @@ def test_arguments_are_checked_and_ds_is_always_run():
         testbed.Protocol(**{**testbed.asdict(testbed.Protocol.quick()), "rollouts": 999})
     flow = cli.protocol_of(cli.parse_args(["--prefetch-batches", "2", "--max-staleness", "2"]))
     assert (flow.prefetch_batches, flow.max_staleness) == (2, 2)
-    for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"]):
+    for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"],
+                ["--prefetch-batches", "0"], ["--max-staleness", "-1"]):
         with pytest.raises(SystemExit):
             cli.parse_args(bad)
 
