@@ -92,9 +92,10 @@ class Protocol:
     max_matched: int = 8          # uniform_matched asks for at most this many times B
     time_budget_s: float = 900.0  # a run that takes longer stops there (and says so)
     # flow control, the same for every method: batches of expected mixed groups the scheduler
-    # keeps in the making, and the policy versions a delivered group may lag. With one batch in
-    # the making the selectors' generate calls held 20-30 rollouts and their runs took 216-421 s;
-    # with two (and groups two versions old accepted, under the loss's clipped ratio) 138-180 s
+    # keeps in the making, and the policy versions a delivered group may lag. At 80,000 rollouts
+    # with one batch in the making the selectors' generate calls held 20-30 rollouts and their
+    # runs took 216-421 s; with two (groups two versions old accepted, under the loss's clipped
+    # ratio) 138-180 s
     prefetch_batches: int = 2
     max_staleness: int = 2
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,8 @@ def criteria(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def misses(runs: list[dict[str, Any]], field: str, missed: Any) -> dict[str, dict[str, Any]]:
+def misses(runs: list[dict[str, Any]], field: str, missed: Callable[[float], bool]
+           ) -> dict[str, dict[str, Any]]:
     """Per method with a run whose `field` is `missed`: how many of its runs, of how many, and
     the range of the field over them, so a criterion's failure names who fails it."""
     out: dict[str, dict[str, Any]] = {}
@@ -294,6 +296,14 @@ def format_bucket_shares(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _saturation_line(crit: dict[str, Any], flag: Callable[[bool], str]) -> str:
+    if math.isnan(crit["uniform_min_saturated"]):
+        return "  saturation under uniform: not measured (no uniform runs)"
+    return (f"  saturation under uniform: at least {100 * crit['uniform_min_saturated']:.0f}% "
+            f"of probe groups at every evaluation: {flag(crit['uniform_saturation_pass'])}\n"
+            f"  probe transitions under uniform: {crit['uniform_transitions']}")
+
+
 def format_criteria(crit: dict[str, Any]) -> str:
     def flag(ok: bool) -> str:
         return "met" if ok else "NOT met"
@@ -306,9 +316,7 @@ def format_criteria(crit: dict[str, Any]) -> str:
     lines += [
         f"  lasting learning (>= 100 steps, >= 3 SE at half, >= 10 points): "
         f"{flag(crit['ds_learning_pass'])}",
-        f"  saturation under uniform: at least {100 * crit['uniform_min_saturated']:.0f}% of "
-        f"probe groups at every evaluation: {flag(crit['uniform_saturation_pass'])}",
-        f"  probe transitions under uniform: {crit['uniform_transitions']}",
+        _saturation_line(crit, flag),
         f"  pool revisits: at least {crit['min_pool_revisits']:.1f}: {flag(crit['revisit_pass'])}"
         + _named_misses(crit.get("revisits_below", {}), ""),
         f"  longest run: {crit['max_run_seconds']:.0f} s: {flag(crit['run_time_pass'])}"

@@ -130,6 +130,7 @@ def test_a_missed_criterion_names_the_methods_that_miss_it():
     assert "pool revisits: at least 1.4: NOT met; missed by reinforce_ada 2/2 (1.4-1.5)" in text
     assert "longest run: 190 s: NOT met; missed by ds 1/2 (190-190 s)" in text
     assert "missed by" not in report.format_criteria(report.criteria(runs[:1]))
+    assert "saturation under uniform: not measured (no uniform runs)" in text
 
 
 def test_matched_batch_holds_b_mixed_groups_in_expectation():
