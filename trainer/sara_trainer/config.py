@@ -61,6 +61,10 @@ class TrainerConfig:
         default=True, metadata=doc("grpo/dr_grpo: a group delivered with the rewards it drew "
                                    "(Reinforce-Ada's kept rollouts) takes its mean and std over "
                                    "all of them, its paper's global statistics"))
+    skip_zero_advantage: bool = field(
+        default=True, metadata=doc("skip the passes of rows whose advantage is 0 (saturated "
+                                   "groups); the gradient is the same. Off with a KL term or "
+                                   "a critic"))
     clip_eps_low: float = field(default=0.2, metadata=doc("PPO ratio clip below 1"))
     clip_eps_high: float = field(default=0.28, metadata=doc("DAPO clip-higher"))
     kl_coef: float = field(default=0.0, metadata=doc("k3 KL to the reference (initial) policy"))

@@ -133,11 +133,13 @@ class Updater:
         n = len(rows.advantages)
         if n == 0:
             return {"loss": 0.0, "tokens": 0.0, "skipped": 1.0}
-        chunks, batches = self._micro_batches(rows)
+        # every row's tokens: the loss's normaliser, whichever rows the passes run
+        tokens = float(sum(len(c) for c in rows.completion_ids))
+        active = self._rows_with_gradient(rows)
+        chunks, batches = self._micro_batches(rows, active)
         if self.memory is not None:
             self.memory.before(batches, optimizer_ready=bool(self.optimizer.state))
         use_behaviour = self._uses_behaviour(rows, sampled.temperature)
-        tokens = float(sum(b.completion_mask.sum().item() for b in batches))
         lr = learning_rate(cfg, step)
         critic, advs = self._advantages(rows, chunks, batches)
         if critic is not None and step < cfg.critic_warmup_steps:
@@ -153,19 +155,36 @@ class Updater:
             totals.update(self.critic.fit(batches, critic, sampled.max_tokens))
             totals.setdefault("loss", totals["vf_loss"])
         totals.update(tokens=tokens, rollouts=float(n), skipped=float(skipped > 0),
-                      off_policy=float(use_behaviour), lr=lr)
+                      off_policy=float(use_behaviour), lr=lr,
+                      rows_without_gradient=float(n - len(active)))
         if self.memory is not None:
             self.memory.after()
         return totals
 
-    def _micro_batches(self, rows: Rows) -> tuple[list[list[int]], list[Any]]:
-        """The rows split into micro-batches (by rollouts and padded tokens): (the row indices
-        of each, its TokenBatch)."""
+    def _rows_with_gradient(self, rows: Rows) -> list[int]:
+        """The indices of the rows a pass must run. A row whose advantage is exactly 0 adds 0 to
+        the clipped loss and its gradient, so without a KL term or a critic (whose terms do not
+        vanish with it) its forward and backward are skipped (``skip_zero_advantage``): plain
+        GRPO's saturated groups, most of a uniform batch. The gradient is the same, since the
+        normaliser still counts those rows. At least one row is kept: a step whose gradient is
+        all 0 still takes the optimiser step it took before (Adam's momentum moves the weights)."""
+        cfg = self.config
+        every = list(range(len(rows.advantages)))
+        if (not cfg.skip_zero_advantage or self.critic is not None
+                or (self.reference is not None and cfg.kl_coef > 0)):
+            return every
+        active = [i for i in every if rows.advantages[i] != 0.0]
+        return active or every[:1]
+
+    def _micro_batches(self, rows: Rows, indices: list[int]) -> tuple[list[list[int]], list[Any]]:
+        """The rows at `indices` split into micro-batches (by rollouts and padded tokens): (the
+        row indices of each, its TokenBatch)."""
         cfg, tok = self.config, self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        chunks = token_chunks([len(p) for p in rows.prompt_ids],
-                              [len(c) for c in rows.completion_ids],
-                              max(1, cfg.micro_batch_rollouts), cfg.micro_batch_tokens)
+        spans = token_chunks([len(rows.prompt_ids[i]) for i in indices],
+                             [len(rows.completion_ids[i]) for i in indices],
+                             max(1, cfg.micro_batch_rollouts), cfg.micro_batch_tokens)
+        chunks = [[indices[j] for j in span] for span in spans]
         batches = [make_batch([rows.prompt_ids[i] for i in c], [rows.completion_ids[i] for i in c],
                               pad, cfg.device) for c in chunks]
         return chunks, batches
@@ -199,6 +218,8 @@ class Updater:
         steps were skipped for a non-finite loss or gradient."""
         cfg = self.config
         normalizer = tokens if cfg.loss_aggregation == "token-mean" else float(n)
+        # the metrics are means over the tokens the passes ran (rows with a gradient)
+        passed = float(sum(b.completion_mask.sum().item() for b in batches))
         totals: dict[str, float] = {}
         skipped = 0
         for group in self.optimizer.param_groups:
@@ -217,7 +238,7 @@ class Updater:
                     normalizer=max(normalizer, 1.0), max_tokens=sampled.max_tokens,
                     entropy=entropy)
                 loss.backward()
-                _accumulate(sums, m, m["tokens"] / max(tokens, 1.0))
+                _accumulate(sums, m, m["tokens"] / max(passed, 1.0))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                        cfg.grad_clip or float("inf"))
             sums["grad_norm"] = float(grad_norm)
