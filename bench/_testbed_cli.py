@@ -31,6 +31,7 @@ import shlex
 import statistics
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+# the code a run's figures depend on: its record and the report name this code's commit
+CODE_PATHS = ("service", "client", "worker", "trainer", "demo")
+
 # protocol fields added after runs were recorded, with the value those runs had
 ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1}
 
@@ -147,6 +151,7 @@ class Recorder:
             return self.find(method, seed, lr, split, protocol)  # type: ignore[return-value]
         record = run_one(method, seed, lr, protocol, work / f"{method}-s{seed}-lr{lr:g}-{split}",
                          split=split, start_from=self.start_from)
+        record["code"] = git_state(CODE_PATHS)
         self.runs.append(record)
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -222,7 +227,7 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
     print("\n" + text)
     prefix.with_suffix(".txt").write_text(text + "\n")
     prefix.with_suffix(".json").write_text(json.dumps(
-        {"argv": argv, "code": git_state(("service", "client", "worker", "trainer", "demo")),
+        {"argv": argv, "code": git_state(CODE_PATHS),
          "protocol": asdict(protocol), "lr_selection": chosen, "summary": summary,
          "criteria": crit, "targets": goals, "runs": runs}, indent=1) + "\n")
     drew = chart(runs, prefix.with_suffix(".png"))
@@ -240,7 +245,7 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         "The learning testbed: rollouts to a target accuracy under the fair protocol "
         "(bench/e2e.py --testbed)",
         f"date:      {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-        f"code:      {git_state(('service', 'client', 'worker', 'trainer', 'demo'))}",
+        f"code:      {git_state(CODE_PATHS)}; test runs {runs_code(runs)}",
         f"command:   {shlex.join(['python', 'bench/e2e.py', '--testbed', *argv])}",
         f"machine:   {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; this invocation {seconds / 60:.1f} min, the test runs' own "
@@ -251,6 +256,14 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}, "
         f"prefetch {protocol.prefetch_batches} batches, max staleness {protocol.max_staleness}",
         f"lr:        {lrs}", f"start:     {start}", "", ""])
+
+
+def runs_code(runs: list[dict[str, Any]]) -> str:
+    """Which commits the runs ran at, with how many at each, most first (a resumed recording
+    spans several); runs recorded before a run kept its commit are counted as such."""
+    counts = Counter(r["code"].replace(" (clean)", "") if r.get("code") else "a commit not kept"
+                     for r in runs)
+    return "; ".join(f"{n} at {code}" for code, n in counts.most_common())
 
 
 def say(message: str) -> None:

@@ -224,6 +224,11 @@ def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path,
     again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)   # a restart reads them back
     cli.choose_lrs(args, testbed.Protocol(), again, tmp_path)
     assert len(calls) == 4
+    # each recorded run names the commit it ran at, and the report counts them
+    assert all(r["code"] == cli.git_state(cli.CODE_PATHS) for r in again.runs)
+    older = _run("ds", 1, [0.4, 0.5])
+    head = cli.git_state(cli.CODE_PATHS).replace(" (clean)", "")
+    assert cli.runs_code([older, *again.runs]) == f"4 at {head}; 1 at a commit not kept"
 
 
 def test_recommended_reports_the_recommended_keys_runs_without_running_twice(tmp_path,
