@@ -57,6 +57,8 @@ def test_skipping_zero_advantage_rows_takes_the_same_steps(tiny_dir, aggregation
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["tokens"] == b["tokens"] == sum(len(r.token_ids) for g in batch
                                                  for r in g.rollouts)
+        # the skip did skip (a run that skipped nothing would match trivially); the full did not
+        assert a["rows_without_gradient"] == (8 if batch is MIXED_AND_SATURATED else 7)
         assert b["rows_without_gradient"] == 0
         assert _same_weights(skip, full), f"weights differ after step {step}"
     before = [p.clone() for p in skip.model.parameters()]
