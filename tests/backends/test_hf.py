@@ -172,6 +172,17 @@ async def test_a_checkpoint_of_the_same_model_is_copied_into_the_loaded_one(hf, 
     assert gen.completion_tokens == 3
 
 
+async def test_the_loaded_model_runs_gelu_new_as_the_fused_kernel(hf, tiny_policy_alt):
+    from sara_client.hf_kernels import UNFUSED_GELU
+
+    await hf.generate(rollout("g:0", "1+1=", max_tokens=2), 0)
+    for version, source in ((0, None), (1, str(tiny_policy_alt))):   # loaded, then reloaded
+        if source:
+            await hf.load_policy(version, source)
+        kinds = {type(m).__name__ for m in hf._loaded.model.modules()}
+        assert UNFUSED_GELU not in kinds and "GELU" in kinds, version
+
+
 def _edited_copy(source, dest, name, **changes):
     """A copy of checkpoint `source` at `dest` with JSON file `name` changed."""
     dest.mkdir()

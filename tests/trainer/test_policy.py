@@ -55,3 +55,27 @@ def test_greedy_accuracy_and_group_outcomes_report_by_bucket(tiny):
                             generator=torch.Generator().manual_seed(0))
     assert abs(spread["all_fail"] + spread["mixed"] + spread["all_success"] - 1.0) < 1e-9
     assert spread["n"] == 20
+
+
+def test_a_loaded_policy_runs_the_fused_gelu_with_the_same_outputs_and_config(tiny_dir,
+                                                                             tmp_path):
+    import torch
+    from sara_client.hf_kernels import UNFUSED_GELU, fuse_gelu
+    from sara_trainer.policy import load_policy
+    from transformers import AutoModelForCausalLM
+
+    fused, _ = load_policy(tiny_dir)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    kinds = {type(m).__name__ for m in fused.modules()}
+    assert UNFUSED_GELU in {type(m).__name__ for m in plain.modules()}
+    assert UNFUSED_GELU not in kinds and "GELU" in kinds
+    ids = torch.randint(4, 60, (8, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(fused(ids).logits, plain(ids).logits, atol=1e-5)
+    # a kernel choice, not a model change: a saved checkpoint is the model it was loaded from
+    fused.save_pretrained(tmp_path)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.activation_function == \
+        plain.config.activation_function == "gelu_new"
+    assert fuse_gelu(fused) == 0                          # nothing left to swap
+    assert fuse_gelu(torch.nn.Sequential(torch.nn.ReLU())) == 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sara_client.hf_kernels import fuse_gelu
 
 from .loss import aggregate
 
@@ -233,9 +234,11 @@ def _load_backbone(path: Path, device: str | torch.device):
 
     from .policy import disable_dropout
 
-    # eager attention on CPU, as load_policy does (SDPA is much slower there for short rows)
+    # eager attention on CPU and the fused GELU, as load_policy has (SDPA is much slower there
+    # for short rows)
     kwargs = {"attn_implementation": "eager"} if torch.device(device).type == "cpu" else {}
     backbone = AutoModel.from_pretrained(path, dtype=torch.float32, **kwargs).to(device)
+    fuse_gelu(backbone)
     return disable_dropout(backbone)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from sara_client.chat import chat_messages, is_chat, render_prompt
 from sara_client.hf_compat import cache_argument, returned_cache
+from sara_client.hf_kernels import fuse_gelu
 
 from .checkpoint import OPTIMIZER_FILE, STATE_FILE, latest_checkpoint, resolve
 
@@ -33,6 +34,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
 
     On CPU attention defaults to ``eager``: for these short sequences torch's SDPA path is several
     times slower on CPU (measured: 8x for a tiny GPT-2 training step with padding masks).
+    A ``gelu_new`` activation runs as torch's fused kernel (:func:`sara_client.hf_kernels.fuse_gelu`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -47,6 +49,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
         attn_implementation = "eager"
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+    fuse_gelu(model)
     model.train(train)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -46,6 +46,7 @@ from typing import Any
 
 from sara_client.chat import render_prompt
 from sara_client.hf_compat import cache_argument, returned_cache
+from sara_client.hf_kernels import fuse_gelu
 from sara_client.models import Rollout
 
 from .base import BaseBackend, Generation, ObservableProgress
@@ -172,6 +173,7 @@ class HFBackend(ObservableProgress, BaseBackend):
         dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=self.trust_remote_code)
+        fuse_gelu(model)   # the same formula in one kernel: see sara_client.hf_kernels
         model.to(self.device).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(
