@@ -62,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rollouts", type=int, default=None, help="rollout budget per run")
     p.add_argument("--test-size", type=int, default=None,
                    help="held-out test problems (default 4000; the first recording used 2000)")
+    p.add_argument("--evals", type=int, default=None,
+                   help="held-out evaluations a run, after the one before RL (default 16)")
     p.add_argument("--val-size", type=int, default=None,
                    help="validation problems (default 2000; the first recording used 1000)")
     p.add_argument("--prefetch-batches", type=int, default=None,
@@ -91,7 +93,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.lr = {m: float(v) for m, v in (kv.split("=") for kv in args.lr.split(",") if kv)}
     except ValueError as exc:
         p.error(f"bad number in --seeds, --lr-grid or --lr: {exc}")
-    for flag in ("prefetch_batches", "max_staleness"):
+    for flag in ("prefetch_batches", "max_staleness", "evals"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if set(args.lr) - set(METHODS):
@@ -107,11 +109,23 @@ CODE_PATHS = ("service", "client", "worker", "trainer", "demo")
 ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1}
 
 
+# the split a run is judged on is the only one it reads: a validation run never evaluates the
+# test set, nor a test run the validation set, so the other split's size does not change it
+UNREAD_SIZE = {"validation": "test_size", "test": "val_size"}
+
+
 def same_protocol(run: dict[str, Any], protocol: Protocol) -> bool:
     """Whether a recorded run ran under `protocol` (a run from before a field existed ran at
-    that field's value in :data:`ADDED_FIELDS`)."""
+    that field's value in :data:`ADDED_FIELDS`; the size of the split it did not read is not
+    compared)."""
     recorded = run.get("protocol")
-    return recorded is not None and {**ADDED_FIELDS, **recorded} == asdict(protocol)
+    if recorded is None:
+        return False
+    unread = UNREAD_SIZE.get(run.get("split", "test"))
+    ran, asked = {**ADDED_FIELDS, **recorded}, asdict(protocol)
+    ran.pop(unread, None)
+    asked.pop(unread, None)
+    return ran == asked
 
 
 class Recorder:
@@ -190,7 +204,7 @@ def seeds_of(args: argparse.Namespace, method: str) -> list[int]:
 def protocol_of(args: argparse.Namespace) -> Protocol:
     """The protocol's sizes: the full or the quick one, with the sizes the command gives."""
     protocol = Protocol.quick() if args.quick else Protocol()
-    given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size",
+    given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size", "evals",
                                                     "prefetch_batches", "max_staleness")
              if getattr(args, name)}
     return Protocol(**{**asdict(protocol), **given})

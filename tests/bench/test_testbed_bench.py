@@ -191,8 +191,9 @@ def test_arguments_are_checked_and_ds_is_always_run():
         testbed.Protocol(**{**testbed.asdict(testbed.Protocol.quick()), "rollouts": 999})
     flow = cli.protocol_of(cli.parse_args(["--prefetch-batches", "2", "--max-staleness", "2"]))
     assert (flow.prefetch_batches, flow.max_staleness) == (2, 2)
+    assert cli.protocol_of(cli.parse_args(["--evals", "8"])).evals == 8
     for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"],
-                ["--prefetch-batches", "0"], ["--max-staleness", "-1"]):
+                ["--prefetch-batches", "0"], ["--max-staleness", "-1"], ["--evals", "0"]):
         with pytest.raises(SystemExit):
             cli.parse_args(bad)
 
@@ -282,6 +283,24 @@ def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
         (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
         assert cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False).find(
             "ds", 0, 1e-4, "test", protocol) is None, field
+
+
+def test_a_run_is_matched_on_the_split_it_read_not_the_other_splits_size(tmp_path):
+    shipped = testbed.warm_start_identity(verified_testbed())
+    recorded = testbed.Protocol(test_size=4000, val_size=2000)
+    runs = [_run("ds", 0, [0.4, 0.5], split=split, protocol=testbed.asdict(recorded),
+                 start=shipped) for split in ("validation", "test")]
+    (tmp_path / "t.runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    rec = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
+    larger_test = testbed.Protocol(test_size=8000, val_size=2000)
+    assert rec.find("ds", 0, 1e-4, "validation", larger_test) == runs[0]
+    assert rec.find("ds", 0, 1e-4, "test", larger_test) is None
+    larger_val = testbed.Protocol(test_size=4000, val_size=3000)
+    assert rec.find("ds", 0, 1e-4, "test", larger_val) == runs[1]
+    assert rec.find("ds", 0, 1e-4, "validation", larger_val) is None
+    # any other field still tells protocols apart, on either split
+    for split in ("validation", "test"):
+        assert rec.find("ds", 0, 1e-4, split, testbed.Protocol(test_size=8000, k=4)) is None
 
 
 def test_the_run_record_names_its_warm_start():
