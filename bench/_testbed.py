@@ -251,6 +251,7 @@ class _Evaluator:
         count = Counter(kinds)
         figures.set_result({
             "accuracy": p, "accuracy_se": math.sqrt(max(p * (1 - p), 0.0) / max(n, 1)), "n": n,
+            "accuracy_by_bucket": found["by_bucket"], "problems_by_bucket": found["counts"],
             "frac_all_fail": count["all_fail"] / len(kinds),
             "frac_all_success": count["all_success"] / len(kinds)})
 
@@ -328,4 +329,8 @@ def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, s
             "rollouts_mixed": sum(h.get("rollouts_mixed", 0) for h in history),
             "batch_sizes": sorted({h["groups"] for h in history}),
             "seconds": round(seconds, 1), "curve": curve,
+            # held-out accuracy per arith bucket at each point of the curve, and the problems
+            # each bucket holds: where a method's accuracy comes from
+            "accuracy_by_bucket": [e.get("accuracy_by_bucket") for e in evals],
+            "problems_by_bucket": evals[0].get("problems_by_bucket") if evals else None,
             "transitions": evaluator.transitions()}

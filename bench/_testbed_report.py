@@ -245,9 +245,8 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
 def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
                   runs: list[dict[str, Any]]) -> str:
     """The whole text report after the header: tables, criteria, then one line per run."""
-    shares = format_bucket_shares(runs)
-    return format_tables(summary, crit) + "\n\n" + format_runs(runs) + (
-        "\n\n" + shares if shares else "")
+    extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs)) if t]
+    return "\n\n".join([format_tables(summary, crit), format_runs(runs), *extra])
 
 
 def format_runs(runs: list[dict[str, Any]]) -> str:
@@ -293,6 +292,34 @@ def format_bucket_shares(runs: list[dict[str, Any]]) -> str:
     for m, shares in table.items():
         lines.append(f"{m:<16}" + "".join(
             f"{_ci(shares.get(b, (0.0, 0.0)), 100, '.1f'):>12}" for b in buckets))
+    return "\n".join(lines)
+
+
+def bucket_gains(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[float, float]]:
+    """Each bucket's held-out accuracy gain from the start to the run's end, mean and 95%
+    half-width over the seeds whose record has ``accuracy_by_bucket``."""
+    per_seed = [{k: last[k] - first[k] for k in last if k in first}
+                for r in runs if r["method"] == method and r.get("accuracy_by_bucket")
+                for first, last in [(r["accuracy_by_bucket"][0], r["accuracy_by_bucket"][-1])]]
+    names = sorted({k for gains in per_seed for k in gains})
+    return {k: mean_ci([g[k] for g in per_seed if k in g]) for k in names}
+
+
+def format_bucket_gains(runs: list[dict[str, Any]]) -> str:
+    """Where each method's held-out accuracy comes from: its gain per bucket, in points."""
+    methods = list(dict.fromkeys(r["method"] for r in runs if r.get("accuracy_by_bucket")))
+    table = {m: bucket_gains(runs, m) for m in methods}
+    buckets = sorted({b for gains in table.values() for b in gains})
+    if not buckets:
+        return ""
+    sizes = next(r["problems_by_bucket"] for r in runs if r.get("accuracy_by_bucket"))
+    head = f"{'method':<16}" + "".join(f"{b:>12}" for b in buckets)
+    lines = ["held-out accuracy gain by bucket, start to end (points, mean ± 95% CI)", head,
+             "-" * len(head), f"{'test problems':<16}" + "".join(
+                 f"{sizes.get(b, 0):>12}" for b in buckets)]
+    for m, gains in table.items():
+        lines.append(f"{m:<16}" + "".join(
+            f"{_ci(gains[b], 100, '.1f') if b in gains else '-':>12}" for b in buckets))
     return "\n".join(lines)
 
 

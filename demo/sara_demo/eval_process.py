@@ -48,7 +48,8 @@ def _evaluate(state: dict[str, Any], generator_seed: int) -> dict[str, Any]:
     acc = greedy_accuracy(model, tokenizer, _CHILD["judged"])
     generator = torch.Generator().manual_seed(generator_seed)
     kinds = group_kinds(model, tokenizer, _CHILD["probe"], k=_CHILD["k"], generator=generator)
-    return {"accuracy": acc["accuracy"], "n": acc["n"], "kinds": kinds}
+    return {"accuracy": acc["accuracy"], "n": acc["n"], "by_bucket": acc["by_bucket"],
+            "counts": acc["counts"], "kinds": kinds}
 
 
 class PolicyEvaluator:
@@ -61,7 +62,8 @@ class PolicyEvaluator:
 
     def submit(self, model: Any, generator_seed: int) -> concurrent.futures.Future:
         """Evaluate `model`'s weights as they are now (copied before this returns); the future
-        gives ``{"accuracy", "n", "kinds"}``, kinds per probe prompt in its order."""
+        gives ``{"accuracy", "n", "by_bucket", "counts", "kinds"}`` (accuracy and problems per
+        bucket of the judged split; kinds per probe prompt in its order)."""
         state = {name: tensor.detach().to("cpu", copy=True)
                  for name, tensor in model.state_dict().items()}
         return self._pool.submit(_evaluate, state, generator_seed)

@@ -100,6 +100,25 @@ def test_bucket_shares_are_each_methods_committed_groups_by_bucket():
     assert report.format_bucket_shares([_run("ds", 0, [0.4])]) == ""
 
 
+def test_bucket_gains_are_each_seeds_end_minus_start_per_bucket():
+    sizes = {"add2": 400, "mul2": 390}
+    runs = [_run("ds", 0, [0.4, 0.5], problems_by_bucket=sizes, accuracy_by_bucket=[
+                {"add2": 0.30, "mul2": 0.50}, {"add2": 0.50, "mul2": 0.50}]),
+            _run("ds", 1, [0.4, 0.5], problems_by_bucket=sizes, accuracy_by_bucket=[
+                {"add2": 0.30, "mul2": 0.50}, {"add2": 0.40, "mul2": 0.60}]),
+            _run("sara", 0, [0.4, 0.5], problems_by_bucket=sizes, accuracy_by_bucket=[
+                {"add2": 0.30}, {"add2": 0.35}]),
+            _run("dps", 0, [0.4, 0.5])]                   # recorded before: left out
+    gains = report.bucket_gains(runs, "ds")
+    assert gains["add2"][0] == pytest.approx(0.15) and gains["mul2"][0] == pytest.approx(0.05)
+    assert report.bucket_gains(runs, "dps") == {}
+    lines = report.format_bucket_gains(runs).splitlines()
+    assert lines[3].split() == ["test", "problems", "400", "390"]
+    assert lines[4].split()[:4] == ["ds", "15.0", "±", "63.5"]      # t(1) half-width of 0.1, 0.2
+    assert lines[5].split() == ["sara", "5.0", "±", "0.0", "-"] and "dps" not in lines[-1]
+    assert report.format_bucket_gains([_run("ds", 0, [0.4])]) == ""
+
+
 def test_lasting_learning_is_judged_in_standard_errors():
     # 0.40 -> 0.60 rising until the last points, steps 0..160
     slow = _run("ds", 0, [0.40, 0.46, 0.50, 0.53, 0.55, 0.57, 0.58, 0.595, 0.60, 0.60, 0.60,
@@ -342,6 +361,9 @@ def test_quick_testbed_run_of_each_policy_and_selection(tmp_path):
         # every point, the ones evaluated in the child process while training went on included
         assert all(set(point) == keys for point in curve), curve
         assert r["evaluation"] == testbed.EVALUATION and len(curve) >= 3
+        # per bucket, beside the curve: one entry a point, over the test split's problems
+        assert len(r["accuracy_by_bucket"]) == len(curve)
+        assert sum(r["problems_by_bucket"].values()) == result["protocol"]["test_size"]
         if method == "ds":
             # DS learns within the quick budget (seed 7, four runs: 38.3 -> 48.0-53.3%)
             assert curve[-1]["accuracy"] > curve[0]["accuracy"] + 0.05, curve

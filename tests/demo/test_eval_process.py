@@ -35,7 +35,9 @@ def test_the_childs_figures_are_those_of_the_callers_thread(start, splits):
         apart = evaluator.submit(model, generator_seed=7).result(timeout=120)
     here = greedy_accuracy(model, tokenizer, judged)
     kinds = group_kinds(model, tokenizer, probe, k=4, generator=torch.Generator().manual_seed(7))
-    assert apart == {"accuracy": here["accuracy"], "n": 60, "kinds": kinds}
+    assert apart == {"accuracy": here["accuracy"], "n": 60, "by_bucket": here["by_bucket"],
+                     "counts": here["counts"], "kinds": kinds}
+    assert sum(apart["counts"].values()) == 60
     assert set(kinds) <= {"all_fail", "mixed", "all_success"} and len(kinds) == 12
 
 
