@@ -110,25 +110,6 @@ def test_dps_scores_are_cached_by_observations_and_version():
     assert selection._predicted_mixed.cache_info().hits == before + 1
 
 
-def test_each_new_version_costs_one_forward_step_and_the_same_floats_as_a_walk(monkeypatch):
-    from sara_service.math import selection
-    observations = [[2, "F"], [5, "M"], [7, "S", 0.0], [7, "F", 0.4]]
-    params = DpsParams(decay=0.7, prior=0.5)
-    key = tuple((int(v), o, float(q[0]) if q else 0.0) for v, o, *q in observations)
-    belief, counts, at = selection._filtered(key, params)
-    walks = [selection._advance(list(belief), [list(r) for r in counts], n, params)[0][1]
-             for n in range(selection.MAX_STEPS_FORWARD + 5)]
-    steps = []
-    step = selection._step
-    monkeypatch.setattr(selection, "_step", lambda b, c: steps.append(1) or step(b, c))
-    for version in range(at + 1, at + selection.MAX_STEPS_FORWARD + 5):
-        before = len(steps)
-        assert dps_mixed_probability(observations, version, params) == walks[version - at]
-        # one step past the previous version's prediction; none once the walk's cap is reached
-        capped = version - at > selection.MAX_STEPS_FORWARD
-        assert len(steps) - before == (0 if capped else 1), version
-
-
 # ------------------------------------------------------------------ censored (abandoned) groups
 
 

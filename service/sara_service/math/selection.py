@@ -99,7 +99,7 @@ def _belief_after(outcome: str, q: float) -> list[float]:
 
 
 # A scheduler scores selection_pool candidates for every group it opens, and a prompt's
-# observations change only when one of its groups ends: each step is cached, so a score costs
+# observations change only when one of its groups ends: both steps are cached, so a score costs
 # a dictionary lookup in the common case instead of a walk over every observation.
 @functools.lru_cache(maxsize=1 << 16)
 def _predicted_mixed(observations: tuple[tuple[int, str, float], ...], version: int,
@@ -107,25 +107,9 @@ def _predicted_mixed(observations: tuple[tuple[int, str, float], ...], version: 
     belief, counts, at = _filtered(observations, params)
     if at is None:  # never observed: the prior's one-step prediction
         return _step(list(belief), [list(row) for row in counts])[_INDEX["M"]]
-    steps = min(max(1, version - at), MAX_STEPS_FORWARD)
-    return _forward(observations, params, steps)[0][_INDEX["M"]]
-
-
-# Every new policy version misses _predicted_mixed for every prompt; the prediction one version
-# further on is one more step from this one, so the steps are cached by their count and a miss
-# costs one step instead of a walk from the last observation (the same operations in the same
-# order as _advance, so the same floats). Sized for a pool of a few thousand prompts a few dozen
-# versions from their last observation.
-@functools.lru_cache(maxsize=1 << 17)
-def _forward(observations: tuple[tuple[int, str, float], ...], params: DpsParams, steps: int
-             ) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
-    """The belief and counts `steps` versions after the last observation (at least one)."""
-    if steps > 1:
-        belief, counts = _forward(observations, params, steps - 1)
-    else:
-        belief, counts, _ = _filtered(observations, params)
-    decayed = _decay_counts([list(row) for row in counts], params)
-    return tuple(_step(list(belief), decayed)), tuple(tuple(row) for row in decayed)
+    advanced, _ = _advance(list(belief), [list(row) for row in counts], max(1, version - at),
+                           params)
+    return advanced[_INDEX["M"]]
 
 
 @functools.lru_cache(maxsize=1 << 14)
