@@ -234,8 +234,8 @@ def _load_backbone(path: Path, device: str | torch.device):
 
     from .policy import disable_dropout
 
-    # eager attention on CPU and the fused GELU, as load_policy has (SDPA is much slower there
-    # for short rows)
+    # as load_policy loads the policy: eager attention on CPU (SDPA is much slower there for
+    # short rows) and gelu_new as the fused kernel
     kwargs = {"attn_implementation": "eager"} if torch.device(device).type == "cpu" else {}
     backbone = AutoModel.from_pretrained(path, dtype=torch.float32, **kwargs).to(device)
     fuse_gelu(backbone)
