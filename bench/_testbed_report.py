@@ -282,16 +282,26 @@ def bucket_shares(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[fl
 def format_bucket_shares(runs: list[dict[str, Any]]) -> str:
     """Where each method's trained groups come from: % of its committed groups per bucket."""
     methods = list(dict.fromkeys(r["method"] for r in runs if r.get("by_bucket")))
-    table = {m: bucket_shares(runs, m) for m in methods}
-    buckets = sorted({b for shares in table.values() for b in shares})
+    return _bucket_table(
+        "committed (trained) groups by bucket (% of the method's, mean ± 95% CI)",
+        {m: bucket_shares(runs, m) for m in methods}, missing="0.0 ± 0.0")
+
+
+def _bucket_table(title: str, table: dict[str, dict[str, tuple[float, float]]], missing: str,
+                  counts: tuple[str, dict[str, int]] | None = None) -> str:
+    """A method-by-bucket table of percentages (mean ± 95% CI), `missing` where a method has
+    no figure for a bucket, under an optional row of counts; "" when there is no bucket."""
+    buckets = sorted({b for cells in table.values() for b in cells})
     if not buckets:
         return ""
     head = f"{'method':<16}" + "".join(f"{b:>12}" for b in buckets)
-    lines = ["committed (trained) groups by bucket (% of the method's, mean ± 95% CI)", head,
-             "-" * len(head)]
-    for m, shares in table.items():
+    lines = [title, head, "-" * len(head)]
+    if counts:
+        label, values = counts
+        lines.append(f"{label:<16}" + "".join(f"{values.get(b, 0):>12}" for b in buckets))
+    for m, cells in table.items():
         lines.append(f"{m:<16}" + "".join(
-            f"{_ci(shares.get(b, (0.0, 0.0)), 100, '.1f'):>12}" for b in buckets))
+            f"{_ci(cells[b], 100, '.1f') if b in cells else missing:>12}" for b in buckets))
     return "\n".join(lines)
 
 
@@ -307,20 +317,14 @@ def bucket_gains(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[flo
 
 def format_bucket_gains(runs: list[dict[str, Any]]) -> str:
     """Where each method's held-out accuracy comes from: its gain per bucket, in points."""
-    methods = list(dict.fromkeys(r["method"] for r in runs if r.get("accuracy_by_bucket")))
-    table = {m: bucket_gains(runs, m) for m in methods}
-    buckets = sorted({b for gains in table.values() for b in gains})
-    if not buckets:
+    recorded = [r for r in runs if r.get("accuracy_by_bucket")]
+    if not recorded:
         return ""
-    sizes = next(r["problems_by_bucket"] for r in runs if r.get("accuracy_by_bucket"))
-    head = f"{'method':<16}" + "".join(f"{b:>12}" for b in buckets)
-    lines = ["held-out accuracy gain by bucket, start to end (points, mean ± 95% CI)", head,
-             "-" * len(head), f"{'test problems':<16}" + "".join(
-                 f"{sizes.get(b, 0):>12}" for b in buckets)]
-    for m, gains in table.items():
-        lines.append(f"{m:<16}" + "".join(
-            f"{_ci(gains[b], 100, '.1f') if b in gains else '-':>12}" for b in buckets))
-    return "\n".join(lines)
+    methods = list(dict.fromkeys(r["method"] for r in recorded))
+    return _bucket_table(
+        "held-out accuracy gain by bucket, start to end (points, mean ± 95% CI)",
+        {m: bucket_gains(runs, m) for m in methods}, missing="-",
+        counts=("test problems", recorded[0]["problems_by_bucket"]))
 
 
 def _saturation_line(crit: dict[str, Any], flag: Callable[[bool], str]) -> str:
