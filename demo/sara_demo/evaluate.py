@@ -47,10 +47,15 @@ def greedy_accuracy(model, tokenizer, eval_set: Sequence[PromptLike], max_new_to
     Returns ``{"accuracy": float, "n": int, "by_bucket": {bucket: accuracy},
     "counts": {bucket: n}}``; buckets in difficulty order.
     """
-    samples = sample(model, tokenizer, eval_set, k=1, max_new_tokens=max_new_tokens,
+    # decoded shortest prompt first: a batch decodes until its longest answer is done, and
+    # short prompts have short answers, so like lengths together cut the steps and the padding
+    # (8,000 arith test problems: 3.2 s against 5.0 s on one thread). Greedy decoding is per
+    # row, so the order changes no answer
+    ordered = sorted(eval_set, key=lambda prompt: len(prompt_text(prompt)))
+    samples = sample(model, tokenizer, ordered, k=1, max_new_tokens=max_new_tokens,
                      temperature=0.0, batch_size=batch_size)
     hits: dict[str, list[float]] = defaultdict(list)
-    for prompt, completion in zip(eval_set, samples.completions):
+    for prompt, completion in zip(ordered, samples.completions):
         hits[_bucket(prompt)].append(_score(prompt, completion))
     total = [h for values in hits.values() for h in values]
     names = _ordered(hits)

@@ -69,3 +69,21 @@ def test_a_child_that_cannot_start_fails_the_evaluation(tmp_path, splits, start)
             pending.result(timeout=120)
     finally:
         evaluator.close()
+
+
+def test_greedy_accuracy_decoded_by_prompt_length_scores_each_problem_as_given(start):
+    from sara_demo.tasks import score
+    from sara_demo.testbed import test_set
+    from sara_trainer.policy import load_policy, sample
+
+    model, tokenizer = load_policy(start)
+    judged = test_set(300)[::-1]
+    got = greedy_accuracy(model, tokenizer, judged, batch_size=32)
+    given = sample(model, tokenizer, judged, k=1, max_new_tokens=8, temperature=0,
+                   batch_size=32).completions
+    hits = [score(p, c) for p, c in zip(judged, given)]
+    assert 0.1 < sum(hits) / len(hits) < 0.9   # right and wrong answers both, to be placed
+    assert got["accuracy"] == pytest.approx(sum(hits) / len(hits))
+    for bucket, n in got["counts"].items():
+        mine = [h for p, h in zip(judged, hits) if p["meta"]["bucket"] == bucket]
+        assert n == len(mine) and got["by_bucket"][bucket] == pytest.approx(sum(mine) / n)
