@@ -84,9 +84,11 @@ class Protocol:
     rollouts: int = 90_000
     evals: int = 16
     pool_size: int = 1000
-    # 4,000 test problems (SE about 0.8 points) and 2,000 for validation: at half those, the
-    # first recording's DS targets and learning-rate choices were decided by noise of a point
-    test_size: int = 4000
+    # 8,000 test problems (SE about 0.55 points) and 2,000 for validation: at half those, the
+    # first recording's DS targets and learning-rate choices were decided by noise of a point,
+    # and at 4,000 one DS seed's half-run gap (2 points) was 2.5 SE. Greedy evaluation decodes
+    # shortest prompt first, so 8,000 cost the evaluating core about what 4,000 did
+    test_size: int = 8000
     val_size: int = 2000
     probe_size: int = 200
     max_matched: int = 8          # uniform_matched asks for at most this many times B

@@ -61,7 +61,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--select-seeds", default="0", help="seeds of the validation runs")
     p.add_argument("--rollouts", type=int, default=None, help="rollout budget per run")
     p.add_argument("--test-size", type=int, default=None,
-                   help="held-out test problems (default 4000; the first recording used 2000)")
+                   help="held-out test problems (default 8000; earlier recordings used 4000 "
+                        "and 2000)")
     p.add_argument("--evals", type=int, default=None,
                    help="held-out evaluations a run, after the one before RL (default 16)")
     p.add_argument("--val-size", type=int, default=None,
