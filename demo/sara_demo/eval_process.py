@@ -3,10 +3,11 @@
 A testbed run evaluates its policy 17 times: greedy accuracy on 8,000 held-out problems and a
 k-sample probe of fixed pool prompts. On the trainer's thread, when the evaluations moved here,
 they were about 40% of a run's wall time (90 of 220 s for a DS run on 2 cores), while the run's
-own processes kept only about 1.2 of the 2 cores busy. Here the trainer hands over a copy of its weights (a few megabytes for the
-testbed's model) and goes on; one child process, started with ``spawn`` and one torch thread,
-builds the model once and evaluates each copy in the order given. The figures are the same
-computation as on the trainer's thread: the same greedy decoding, the same seeded probe.
+own processes kept only about 1.2 of the 2 cores busy. Here the trainer hands over a copy of its
+weights (a few megabytes for the testbed's model) and goes on; one child process, started with
+``spawn`` and one torch thread, builds the model once and evaluates each copy in the order
+given. The figures are the same computation as on the trainer's thread: the same greedy
+decoding, the same seeded probe.
 
     evaluator = PolicyEvaluator(start_dir, judged, probe, k=8)
     pending = evaluator.submit(model, generator_seed=0)   # concurrent.futures.Future
