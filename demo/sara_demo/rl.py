@@ -246,7 +246,9 @@ class _StepLog:
                 "generation_s": self.generation_s(), "training_s": self.training_s,
                 "ratio_mean": m.get("ratio_mean"), "clip_frac": m.get("clip_frac"),
                 "staleness_mean": m.get("staleness_mean"),
-                "staleness_max": m.get("staleness_max")}
+                "staleness_max": m.get("staleness_max"),
+                "prompt_ids": list(report.prompt_ids),
+                "group_mean_rewards": list(report.group_mean_rewards)}
 
     def _evaluate(self, step: int, seconds_cum: float) -> float | None:
         """Held-out accuracy now (its time is not RL time); recorded and reported. None when

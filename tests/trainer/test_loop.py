@@ -128,6 +128,10 @@ def test_trainer_steps_ack_checkpoint_publish_and_resume(tiny_dir, tmp_path):
         assert all(math.isfinite(r.loss) and not r.skipped for r in reports)
         assert all(r.groups == BATCH and r.rollouts == BATCH * K for r in reports)
         assert reports[0].metrics["off_policy"] == 0.0  # text only: on-policy, ratio 1
+        # each step names its groups' prompts and mean rewards (right, wrong, right, wrong)
+        known = {p["id"] for p in _prompts()}
+        assert all(len(r.prompt_ids) == BATCH and set(r.prompt_ids) <= known for r in reports)
+        assert all(r.group_mean_rewards == [0.5] * BATCH for r in reports)
         assert trainer.acked == [r.batch_id for r in reports]
         changed = any(not torch.equal(before[k], v) for k, v in
                       trainer.model.state_dict().items())

@@ -38,7 +38,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,10 @@ class StepReport:
     checkpoint: str | None
     seconds: float
     skipped: bool = False           # a non-finite loss: no optimiser step was taken
+    # the batch's groups in order: their prompts and mean rewards (which prompts a run keeps
+    # training on, and how hard they were for the policy that sampled them)
+    prompt_ids: list[str] = field(default_factory=list)
+    group_mean_rewards: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -254,7 +258,10 @@ class Trainer:
             mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
             loss=metrics.get("loss", math.nan), metrics=metrics, batch_stats=stats,
             checkpoint=checkpoint, seconds=time.perf_counter() - started,
-            skipped=bool(metrics.get("skipped", 0.0)))
+            skipped=bool(metrics.get("skipped", 0.0)),
+            prompt_ids=[g.prompt_id for g in batch.groups],
+            group_mean_rewards=[sum(r.reward for r in g.rollouts) / max(1, len(g.rollouts))
+                                for g in batch.groups])
         self.reports.append(report)
         log.info("step %d v%d: %d groups, reward %.3f, loss %.4f, %.2fs", report.step,
                  report.policy_version, report.groups, report.mean_reward, report.loss,
