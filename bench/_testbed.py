@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from _testbed_trained import trained_summary
+
 METHODS: dict[str, dict[str, Any]] = {
     "uniform": {"policy": "uniform"},
     "uniform_matched": {"policy": "uniform", "matched": True},
@@ -335,4 +337,5 @@ def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, s
             # each bucket holds: where a method's accuracy comes from
             "accuracy_by_bucket": [e.get("accuracy_by_bucket") for e in evals],
             "problems_by_bucket": evals[0].get("problems_by_bucket") if evals else None,
-            "transitions": evaluator.transitions()}
+            "transitions": evaluator.transitions(),
+            "trained": trained_summary(history, protocol.k)}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from _stats import first_crossing, mean_ci, value_at
+from _testbed_trained import format_trained
 
 COSTS = ("rollouts", "tokens", "generation_s", "training_s")
 # the optimizer step at which the report also compares accuracy (every full run passes it)
@@ -245,7 +246,8 @@ def format_tables(summary: list[dict[str, Any]], crit: dict[str, Any]) -> str:
 def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
                   runs: list[dict[str, Any]]) -> str:
     """The whole text report after the header: tables, criteria, then one line per run."""
-    extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs)) if t]
+    extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs),
+                         format_trained(runs)) if t]
     return "\n\n".join([format_tables(summary, crit), format_runs(runs), *extra])
 
 

@@ -386,6 +386,12 @@ def test_quick_testbed_run_of_each_policy_and_selection(tmp_path):
     assert "testbed criteria" in prefix.with_suffix(".txt").read_text()
     for method, r in runs.items():   # the scheduler's per-prompt counts, read before it stops
         assert sum(b["committed"] for b in r["by_bucket"].values()) >= r["groups_mixed"] > 0, method
+        # what it trained on, from the trainer's steps: every delivered group, by successes
+        trained = r["trained"]
+        assert trained["groups"] == r["groups_delivered"], method
+        assert sum(trained["success_shares"]) == pytest.approx(1.0)
+        assert 0 < trained["distinct_prompts"] <= trained["groups"]
+    assert "trained groups" in prefix.with_suffix(".txt").read_text()
     assert prefix.with_suffix(".png").stat().st_size > 10_000
 
 
