@@ -100,14 +100,31 @@ def test_top_by_score_keeps_the_best_and_breaks_ties_at_random():
     assert firsts == {"x", "y"}
 
 
-def test_dps_scores_are_cached_by_observations_and_version():
+def test_a_historys_forward_walk_is_kept_across_versions():
     from sara_service.math import selection
     observations = [[3, "M"], [1, "F"], [3, "S"]]      # as Redis hands them back: lists, unsorted
-    before = selection._predicted_mixed.cache_info().hits
+    selection._forward.cache_clear()
     first = dps_mixed_probability(observations, 9)
     again = dps_mixed_probability([tuple(o) for o in observations], 9)
     assert first == again == pytest.approx(naive_dps(observations, 9, 0.5, 1.0), abs=1e-12)
-    assert selection._predicted_mixed.cache_info().hits == before + 1
+    later = dps_mixed_probability(observations, 12)    # the next versions extend the same walk
+    assert later == pytest.approx(naive_dps(observations, 12, 0.5, 1.0), abs=1e-12)
+    info = selection._forward.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+    walk = selection._forward(((1, "F", 0.0), (3, "M", 0.0), (3, "S", 0.0)), DpsParams())
+    assert len(walk.mixed) == 12 - 3                    # walked as far as asked, no further
+
+
+@settings(max_examples=100, deadline=None)
+@given(outcomes, st.lists(st.integers(0, 90), min_size=1, max_size=8))
+def test_a_kept_walk_answers_every_version_as_a_fresh_one_would(observations, laters):
+    """Versions asked in any order (earlier, later, past the walk's cap) get the naive chain's
+    figure: the walk kept from one question is the one a fresh walk would take."""
+    last = max([v for v, _ in observations], default=0)
+    params = DpsParams(decay=0.7, prior=1.0)
+    for later in laters:
+        got = dps_mixed_probability(observations, last + later, params)
+        assert got == pytest.approx(naive_dps(observations, last + later, 0.7, 1.0), abs=1e-12)
 
 
 # ------------------------------------------------------------------ censored (abandoned) groups

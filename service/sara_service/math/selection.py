@@ -30,6 +30,7 @@ that short history; the scheduler draws a candidate pool and keeps the best-scor
 
 from __future__ import annotations
 
+import array
 import functools
 import random
 from dataclasses import dataclass
@@ -98,18 +99,49 @@ def _belief_after(outcome: str, q: float) -> list[float]:
     return [1.0 - q, q, 0.0] if outcome == "F" else [0.0, q, 1.0 - q]
 
 
-# A scheduler scores selection_pool candidates for every group it opens, and a prompt's
-# observations change only when one of its groups ends: both steps are cached, so a score costs
-# a dictionary lookup in the common case instead of a walk over every observation.
-@functools.lru_cache(maxsize=1 << 16)
+# A scheduler scores selection_pool candidates for every group it opens, at a policy version
+# that moves every step, while a prompt's observations change only when one of its groups ends.
+# So each observation history's forward walk is kept and extended on demand (`_Forward`): a
+# score at a later version costs a dictionary lookup and at most the steps not yet walked.
+# Walking from the last observation at every version held the scheduler's event loop for 45% of
+# py-spy's samples in a SARA + DPS run on the learning testbed (docs/benchmarks.md).
 def _predicted_mixed(observations: tuple[tuple[int, str, float], ...], version: int,
                      params: DpsParams) -> float:
-    belief, counts, at = _filtered(observations, params)
-    if at is None:  # never observed: the prior's one-step prediction
-        return _step(list(belief), [list(row) for row in counts])[_INDEX["M"]]
-    advanced, _ = _advance(list(belief), [list(row) for row in counts], max(1, version - at),
-                           params)
-    return advanced[_INDEX["M"]]
+    walk = _forward(observations, params)
+    if walk.at is None:  # never observed: the prior's one-step prediction
+        return _step(walk.belief, walk.counts)[_INDEX["M"]]
+    return walk.mixed_after(max(1, version - walk.at))
+
+
+class _Forward:
+    """One observation history's forward walk: P(mixed) 1, 2, ... versions after its last
+    observation, walked as far as asked (at most MAX_STEPS_FORWARD) and kept."""
+
+    __slots__ = ("at", "belief", "counts", "params", "mixed")
+
+    def __init__(self, observations: tuple[tuple[int, str, float], ...],
+                 params: DpsParams) -> None:
+        belief, counts, self.at = _filtered(observations, params)  # at: the last one's version
+        self.belief, self.counts = list(belief), [list(row) for row in counts]
+        self.params = params
+        self.mixed = array.array("d")   # [n - 1]: P(mixed) n versions on
+
+    def mixed_after(self, steps: int) -> float:
+        """P(mixed) `steps` versions after the last observation (the walk of `_advance`)."""
+        steps = min(steps, MAX_STEPS_FORWARD)
+        while len(self.mixed) < steps:
+            self.counts = _decay_counts(self.counts, self.params)
+            self.belief = _step(self.belief, self.counts)
+            self.mixed.append(self.belief[_INDEX["M"]])
+        return self.mixed[steps - 1]
+
+
+# a walk holds at most MAX_STEPS_FORWARD floats and its 3x3 state, about 2 KB with the cache's
+# own bookkeeping (measured): at most about 70 MB when full, where a walk at every version was
+# the alternative
+@functools.lru_cache(maxsize=1 << 15)
+def _forward(observations: tuple[tuple[int, str, float], ...], params: DpsParams) -> _Forward:
+    return _Forward(observations, params)
 
 
 @functools.lru_cache(maxsize=1 << 14)
