@@ -33,6 +33,7 @@ from __future__ import annotations
 import array
 import functools
 import random
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -129,15 +130,20 @@ class _Forward:
     def mixed_after(self, steps: int) -> float:
         """P(mixed) `steps` versions after the last observation (the walk of `_advance`)."""
         steps = min(steps, MAX_STEPS_FORWARD)
-        while len(self.mixed) < steps:
-            self.counts = _decay_counts(self.counts, self.params)
-            self.belief = _step(self.belief, self.counts)
-            self.mixed.append(self.belief[_INDEX["M"]])
+        if len(self.mixed) < steps:
+            with _EXTENDING:   # callers on several threads must not interleave one walk's steps
+                while len(self.mixed) < steps:
+                    self.counts = _decay_counts(self.counts, self.params)
+                    self.belief = _step(self.belief, self.counts)
+                    self.mixed.append(self.belief[_INDEX["M"]])
         return self.mixed[steps - 1]
 
 
-# a walk holds at most MAX_STEPS_FORWARD floats and its 3x3 state, about 2 KB with the cache's
-# own bookkeeping (measured): at most about 70 MB when full, where a walk at every version was
+_EXTENDING = threading.Lock()
+
+
+# a walk holds at most MAX_STEPS_FORWARD floats and its 3x3 state, about 2.4 KB with the cache's
+# own bookkeeping (measured): at most about 80 MB when full, where a walk at every version was
 # the alternative
 @functools.lru_cache(maxsize=1 << 15)
 def _forward(observations: tuple[tuple[int, str, float], ...], params: DpsParams) -> _Forward:
