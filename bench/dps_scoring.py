@@ -13,23 +13,50 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 
-from sara_service.math import selection
-from sara_service.math.selection import DpsParams, dps_mixed_probability
+from sara_service.math.selection import MAX_STEPS_FORWARD, STATES, DpsParams, dps_mixed_probability
 
 
 def walk_from_scratch(observations: list, version: int, params: DpsParams) -> float:
-    """P(mixed) walked from the last observation at this version, nothing kept between calls."""
-    key = tuple((int(o[0]), str(o[1]), 0.0) for o in sorted(observations, key=lambda o: o[0]))
-    belief, counts, at = selection._filtered(key, params)
-    steps = 1 if at is None else max(1, version - at)
-    rows = [list(row) for row in counts]
-    if at is None:
-        return selection._step(list(belief), rows)[1]
-    advanced, _ = selection._advance(list(belief), rows, steps, params)
-    return advanced[1]
+    """P(mixed) as DPS defines it (``sara_service.math.selection``'s docstring), cached as the
+    scheduler's scoring was before the walks were kept: the filtered chain by history, the
+    score by (history, version), and the walk from the last observation redone at every new
+    version."""
+    history = tuple((int(o[0]), str(o[1])) for o in sorted(observations, key=lambda o: o[0]))
+    return _scored(history, version, params)
+
+
+def _walk(belief: list[float], counts: list[list[float]], steps: int, params: DpsParams):
+    for _ in range(min(steps, MAX_STEPS_FORWARD)):
+        counts = [[params.prior + params.decay * (c - params.prior) for c in row]
+                  for row in counts]
+        rows = [[c / sum(row) for c in row] for row in counts]
+        belief = [sum(belief[i] * rows[i][j] for i in range(3)) for j in range(3)]
+    return belief, counts
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _filtered(history: tuple, params: DpsParams):
+    belief, counts = [1 / 3] * 3, [[params.prior] * 3 for _ in range(3)]
+    at, previous = None, None
+    for seen_at, outcome in history:
+        if at is not None:
+            belief, counts = _walk(belief, counts, seen_at - at, params)
+        state = STATES.index(outcome)
+        if previous is not None:
+            counts[previous][state] += 1.0
+        belief, previous, at = [float(i == state) for i in range(3)], state, seen_at
+    return belief, counts, at
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _scored(history: tuple, version: int, params: DpsParams) -> float:
+    belief, counts, at = _filtered(history, params)
+    belief, _ = _walk(belief, counts, 1 if at is None else max(1, version - at), params)
+    return belief[STATES.index("M")]
 
 
 def simulate(score, args: argparse.Namespace) -> tuple[float, list[float]]:
@@ -59,11 +86,8 @@ def main() -> None:
     if min(args.pool, args.picks, args.candidates, args.versions) < 1 or \
             max(args.picks, args.candidates) > args.pool:
         p.error("every size must be >= 1, and picks and candidates at most the pool")
-    selection._filtered.cache_clear()   # each side fills the filtered-history cache itself
     before, expected = simulate(walk_from_scratch, args)
-    selection._filtered.cache_clear()
-    selection._forward.cache_clear()
-    after, got = simulate(dps_mixed_probability, args)
+    after, got = simulate(dps_mixed_probability, args)   # its caches start empty here
     same = all(abs(a - b) <= 1e-12 for a, b in zip(expected, got))
     print(f"{len(got):,} scores over {args.versions} versions, {args.pool:,} prompts: "
           f"walk at every version {before:.2f} s, kept walks {after:.2f} s "
