@@ -53,26 +53,27 @@ class DpsParams:
     prior: float = 1.0
 
 
-def _normalised(row: list[float]) -> list[float]:
-    total = sum(row)
-    return [x / total for x in row]
-
-
-def _decay_counts(counts: Matrix, params: DpsParams) -> Matrix:
-    return [[params.prior + params.decay * (c - params.prior) for c in row] for row in counts]
-
-
-def _step(belief: list[float], counts: Matrix) -> list[float]:
-    rows = [_normalised(row) for row in counts]
-    return [sum(belief[i] * rows[i][j] for i in range(3)) for j in range(3)]
-
-
-def _advance(belief: list[float], counts: Matrix, steps: int,
-             params: DpsParams) -> tuple[list[float], Matrix]:
+def _advance(belief: list[float], counts: Matrix, steps: int, params: DpsParams,
+             mixed: array.array | None = None) -> tuple[list[float], Matrix]:
+    """`steps` versions on (at most MAX_STEPS_FORWARD): each decays the counts toward the prior
+    (c -> prior + decay * (c - prior)), then pushes the belief through their rows, each
+    normalised to sum to one, and appends P(mixed) to `mixed` when given. Written out over the
+    nine counts because it runs for every new observation history (a prompt keeps its last 16):
+    built from lists, a step took about 5 times as long (bench/dps_scoring.py)."""
+    d, p = params.decay, params.prior
+    b0, b1, b2 = belief
+    (c00, c01, c02), (c10, c11, c12), (c20, c21, c22) = counts
     for _ in range(min(steps, MAX_STEPS_FORWARD)):
-        counts = _decay_counts(counts, params)
-        belief = _step(belief, counts)
-    return belief, counts
+        c00, c01, c02 = p + d * (c00 - p), p + d * (c01 - p), p + d * (c02 - p)
+        c10, c11, c12 = p + d * (c10 - p), p + d * (c11 - p), p + d * (c12 - p)
+        c20, c21, c22 = p + d * (c20 - p), p + d * (c21 - p), p + d * (c22 - p)
+        # belief[i] / row i's total: the row's weight once normalised
+        w0, w1, w2 = b0 / (c00 + c01 + c02), b1 / (c10 + c11 + c12), b2 / (c20 + c21 + c22)
+        b0, b1, b2 = (w0 * c00 + w1 * c10 + w2 * c20, w0 * c01 + w1 * c11 + w2 * c21,
+                      w0 * c02 + w1 * c12 + w2 * c22)
+        if mixed is not None:
+            mixed.append(b1)
+    return [b0, b1, b2], [[c00, c01, c02], [c10, c11, c12], [c20, c21, c22]]
 
 
 def dps_observations(stored: Sequence[Sequence], censored: bool = True) -> list[tuple]:
@@ -109,8 +110,8 @@ def _belief_after(outcome: str, q: float) -> list[float]:
 def _predicted_mixed(observations: tuple[tuple[int, str, float], ...], version: int,
                      params: DpsParams) -> float:
     walk = _forward(observations, params)
-    if walk.at is None:  # never observed: the prior's one-step prediction
-        return _step(walk.belief, walk.counts)[_INDEX["M"]]
+    if walk.at is None:  # never observed: the prior's one-step prediction (its counts do not decay)
+        return walk.mixed_after(1)
     return walk.mixed_after(max(1, version - walk.at))
 
 
@@ -132,10 +133,9 @@ class _Forward:
         steps = min(steps, MAX_STEPS_FORWARD)
         if len(self.mixed) < steps:
             with _EXTENDING:   # callers on several threads must not interleave one walk's steps
-                while len(self.mixed) < steps:
-                    self.counts = _decay_counts(self.counts, self.params)
-                    self.belief = _step(self.belief, self.counts)
-                    self.mixed.append(self.belief[_INDEX["M"]])
+                self.belief, self.counts = _advance(self.belief, self.counts,
+                                                    steps - len(self.mixed), self.params,
+                                                    self.mixed)
         return self.mixed[steps - 1]
 
 
