@@ -10,6 +10,7 @@ Face tokenizer), which keeps it importable from the SDK, the worker and the trai
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,3 +52,43 @@ def render_prompt(tokenizer: Any, prompt: Any) -> list[int]:
         return list(tokenizer(str(prompt))["input_ids"])
     text = render_text(tokenizer, prompt)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class RenderedPrompts:
+    """`render_prompt` for one tokenizer, remembered for the `maxsize` prompts used last.
+
+    A worker renders a group's prompt once for each of its k rollouts, and a revisited pool
+    sends it again every epoch: on the learning testbed, tokenizing those repeats held the
+    worker's event loop for about a tenth of its busy time. A tokenizer maps one text to one
+    list of ids, so a remembered list is the list `render_prompt` would return. Not
+    thread-safe: one instance per thread (the worker's event loop, the trainer's thread)."""
+
+    def __init__(self, tokenizer: Any, maxsize: int = 8192) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be at least 1, got {maxsize}")
+        self.tokenizer, self.maxsize = tokenizer, int(maxsize)
+        self._ids: OrderedDict[Any, tuple[int, ...]] = OrderedDict()
+
+    def __call__(self, prompt: Any) -> list[int]:
+        """The prompt's token ids, as `render_prompt(self.tokenizer, prompt)` gives them."""
+        key = prompt_key(prompt)
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = tuple(render_prompt(self.tokenizer, prompt))
+            self._ids[key] = ids
+            if len(self._ids) > self.maxsize:
+                self._ids.popitem(last=False)
+        else:
+            self._ids.move_to_end(key)
+        return list(ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def prompt_key(prompt: Any) -> Any:
+    """A hashable key equal for prompts that render alike: the text, or the chat messages as
+    (role, content) pairs (a tuple, so never equal to a text)."""
+    if not is_chat(prompt):
+        return str(prompt)
+    return tuple((m["role"], m["content"]) for m in chat_messages(prompt))

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from sara_client.chat import render_prompt, render_text
+from sara_client.chat import RenderedPrompts, prompt_key, render_prompt, render_text
 from sara_client.models import BatchGroup, BatchRollout, Rollout, SamplingParams
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2=?"}]
@@ -80,6 +80,73 @@ def test_hf_worker_generates_from_the_ids_the_trainer_scores(tiny_dir, tiny, mon
     gen = asyncio.run(generate())
     assert gen.token_ids  # it generated after those prompt ids
     assert seen == [_trainer_prompt_ids(tiny, prompt)]
+
+
+def test_the_hf_worker_renders_a_repeated_prompt_once_and_a_reload_keeps_it(tiny_dir, tiny):
+    from sara_worker.backends import hf
+
+    async def generate_twice():
+        backend = hf.HFBackend(str(tiny_dir), seed=0, max_batch=1, threads=1)
+        try:
+            await backend.generate(_rollout(CHAT), 0)
+            rendered = backend._loaded.rendered
+            await backend.load_policy(1, str(tiny_dir))   # weights in place: same tokenizer
+            await backend.generate(_rollout(CHAT), 1)
+            return rendered, backend._loaded.rendered
+        finally:
+            await backend.close()
+
+    before, after = asyncio.run(generate_twice())
+    assert after is before and len(after) == 1
+    assert after(CHAT) == _trainer_prompt_ids(tiny, CHAT)
+
+
+class _CountingTokenizer:
+    """The tiny tokenizer, counting its calls."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.calls = tok, 0
+        self.chat_template = tok.chat_template
+
+    def __call__(self, *args, **kw):
+        self.calls += 1
+        return self.tok(*args, **kw)
+
+    def apply_chat_template(self, *args, **kw):
+        return self.tok.apply_chat_template(*args, **kw)
+
+
+def test_rendered_prompts_give_render_prompts_ids_and_tokenize_each_prompt_once(tiny):
+    _, tok = tiny
+    counting = _CountingTokenizer(tok)
+    rendered = RenderedPrompts(counting, maxsize=2)
+    for _ in range(3):
+        assert rendered("1+2=") == render_prompt(tok, "1+2=")
+        assert rendered(CHAT) == render_prompt(tok, CHAT)
+    assert counting.calls == 2 and len(rendered) == 2
+    rendered("1+2=").append(99)            # a caller's list is its own
+    assert rendered("1+2=") == render_prompt(tok, "1+2=")
+    assert rendered(_rollout(CHAT).prompt) == render_prompt(tok, CHAT)   # chat models alike
+    assert counting.calls == 2
+
+
+def test_rendered_prompts_forget_the_least_recently_used_past_maxsize(tiny):
+    _, tok = tiny
+    counting = _CountingTokenizer(tok)
+    rendered = RenderedPrompts(counting, maxsize=2)
+    rendered("1+1="), rendered("1+2="), rendered("1+1="), rendered("1+3=")   # evicts 1+2=
+    assert counting.calls == 3 and len(rendered) == 2
+    rendered("1+1=")
+    assert counting.calls == 3
+    rendered("1+2=")
+    assert counting.calls == 4
+    with pytest.raises(ValueError, match="maxsize"):
+        RenderedPrompts(tok, maxsize=0)
+
+
+def test_a_text_and_a_chat_prompt_never_share_a_key():
+    assert prompt_key("user: hi") != prompt_key([{"role": "user", "content": "hi"}])
+    assert prompt_key([{"role": "user", "content": "hi"}]) == (("user", "hi"),)
 
 
 def test_vllm_engine_input_is_the_trainers_ids(tiny):

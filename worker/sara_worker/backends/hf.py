@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sara_client.chat import render_prompt
+from sara_client.chat import RenderedPrompts
 from sara_client.hf_compat import cache_argument, returned_cache
 from sara_client.hf_kernels import fuse_gelu
 from sara_client.models import Rollout
@@ -88,6 +88,12 @@ class _Loaded:
     pad_id: int
     config: dict[str, Any] | None = None   # the source's config.json, less VOLATILE_CONFIG
     tokenizer_digest: str = ""             # of the source's TOKENIZER_FILES ("" for none)
+    # render_prompt under this tokenizer, remembered (a weights-only reload keeps both)
+    rendered: RenderedPrompts = None  # type: ignore[assignment]  # made from the tokenizer
+
+    def __post_init__(self) -> None:
+        if self.rendered is None:
+            self.rendered = RenderedPrompts(self.tokenizer)
 
 
 def _config_of(directory: str) -> dict[str, Any] | None:
@@ -274,7 +280,7 @@ class HFBackend(ObservableProgress, BaseBackend):
 
         loaded = await self._ensure_model()
         s = rollout.sampling
-        ids = render_prompt(loaded.tokenizer, rollout.prompt)  # the trainer renders the same way
+        ids = loaded.rendered(rollout.prompt)  # render_prompt: the trainer renders the same way
         if not ids:
             raise ValueError("the prompt tokenizes to nothing")
         if loaded.context is not None and len(ids) >= loaded.context:
