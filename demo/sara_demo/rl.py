@@ -124,13 +124,22 @@ def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):
     return TrainerConfig(**fields)
 
 
+def worker_capacity(cfg: DemoConfig) -> int:
+    """Rollouts the worker holds at once: every rollout of the batches the scheduler keeps in
+    the making, and at least two batches' worth. Held at two batches' worth under four in the
+    making, DS's engine calls stopped at that cap, and on 2 cores a call of 150 rows costs about
+    the seconds of one of 220: fewer, fuller calls generate the same rollouts sooner
+    (docs/benchmarks.md, the regime search)."""
+    return cfg.batch_groups * cfg.group_size * max(2, cfg.prefetch_batches)
+
+
 def _make_worker(cfg: DemoConfig, client: Any, backend: Any):
     from sara_worker.loop import WorkerLoop
     from sara_worker.support import WorkerConfig
 
     return WorkerLoop(client, backend, WorkerConfig(
         worker_id=f"demo-{cfg.backend}", backend_name=cfg.backend,
-        capacity=cfg.batch_groups * cfg.group_size * 2, lease_wait_s=2.0, report_batch=128,
+        capacity=worker_capacity(cfg), lease_wait_s=2.0, report_batch=128,
         flush_interval_s=0.02, lease_ttl_s=120.0, on_stop="abort", drain_timeout_s=10.0,
         log_interval_s=3600.0))
 
