@@ -102,6 +102,10 @@ class Protocol:
     # ratio) 138-180 s
     prefetch_batches: int = 2
     max_staleness: int = 2
+    # the scheduler's work floor (SARA_WORK_FLOOR), the same for every method: while fewer than
+    # a batch is ready, a short lease may open groups up to this many times the flow target, so
+    # the engine is not left with SARA's probes alone (1: off)
+    work_floor: float = 1.0
 
     @classmethod
     def quick(cls) -> Protocol:
@@ -188,6 +192,8 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
 
     spec = METHODS[method]
     scheduler = {key: spec[key] for key in ("tau_low", "prior", "pc_tau_low") if key in spec}
+    if protocol.work_floor != 1.0:   # runs recorded before the field had no such setting
+        scheduler["work_floor"] = protocol.work_floor
     if "ada_round" in spec:   # Reinforce-Ada: its budget per prompt, kept at k when delivered
         scheduler.update(group_size=spec["ada_round"] * spec["ada_rounds"] * protocol.k,
                          ada_round=spec["ada_round"] * protocol.k, ada_keep=protocol.k)

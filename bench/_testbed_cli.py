@@ -73,6 +73,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=None,
                    help="policy versions a delivered group may lag, every method (default 2; "
                    "quick 1)")
+    p.add_argument("--work-floor", type=float, default=None,
+                   help="the scheduler's work floor, every method (default 1: off)")
     p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
     p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
                    "or a temporary one with --quick)")
@@ -97,6 +99,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for flag in ("prefetch_batches", "max_staleness", "evals"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.work_floor is not None and not 1.0 <= args.work_floor <= 16.0:
+        p.error("--work-floor must be between 1 and 16")
     if set(args.lr) - set(METHODS):
         p.error(f"--lr names unknown methods {sorted(set(args.lr) - set(METHODS))}")
     args.methods = list(dict.fromkeys(["ds", *args.methods.split(",")]))  # targets need DS
@@ -107,7 +111,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 CODE_PATHS = ("service", "client", "worker", "trainer", "demo")
 
 # protocol fields added after runs were recorded, with the value those runs had
-ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1}
+ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1, "work_floor": 1.0}
 
 
 # the split a run is judged on is the only one it reads: a validation run never evaluates the
@@ -206,7 +210,8 @@ def protocol_of(args: argparse.Namespace) -> Protocol:
     """The protocol's sizes: the full or the quick one, with the sizes the command gives."""
     protocol = Protocol.quick() if args.quick else Protocol()
     given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size", "evals",
-                                                    "prefetch_batches", "max_staleness")
+                                                    "prefetch_batches", "max_staleness",
+                                                    "work_floor")
              if getattr(args, name)}
     return Protocol(**{**asdict(protocol), **given})
 
@@ -269,7 +274,8 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         f"protocol:  B = {protocol.batch_groups} groups a step, k = {protocol.k}, "
         f"{protocol.rollouts:,} rollouts a run, pool {protocol.pool_size} prompts, test "
         f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}, "
-        f"prefetch {protocol.prefetch_batches} batches, max staleness {protocol.max_staleness}",
+        f"prefetch {protocol.prefetch_batches} batches, max staleness {protocol.max_staleness}, "
+        f"work floor {protocol.work_floor:g}",
         f"lr:        {lrs}", f"start:     {start}", "", ""])
 
 

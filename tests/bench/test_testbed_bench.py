@@ -211,17 +211,22 @@ def test_arguments_are_checked_and_ds_is_always_run():
     flow = cli.protocol_of(cli.parse_args(["--prefetch-batches", "2", "--max-staleness", "2"]))
     assert (flow.prefetch_batches, flow.max_staleness) == (2, 2)
     assert cli.protocol_of(cli.parse_args(["--evals", "8"])).evals == 8
+    assert cli.protocol_of(cli.parse_args(["--work-floor", "2"])).work_floor == 2.0
     for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"],
-                ["--prefetch-batches", "0"], ["--max-staleness", "-1"], ["--evals", "0"]):
+                ["--prefetch-batches", "0"], ["--max-staleness", "-1"], ["--evals", "0"],
+                ["--work-floor", "0.5"], ["--work-floor", "17"]):
         with pytest.raises(SystemExit):
             cli.parse_args(bad)
 
 
 def test_flow_control_is_the_protocols_and_the_same_for_every_method(tmp_path):
-    protocol = testbed.Protocol(prefetch_batches=2, max_staleness=3)
+    protocol = testbed.Protocol(prefetch_batches=2, max_staleness=3, work_floor=2.0)
     for method in testbed.METHODS:
         cfg = testbed._demo_config(method, 0, 1e-4, protocol, tmp_path)
         assert (cfg.prefetch_batches, cfg.max_staleness) == (2, 3), method
+        assert cfg.scheduler_options["work_floor"] == 2.0, method
+        off = testbed._demo_config(method, 0, 1e-4, testbed.Protocol(), tmp_path)
+        assert "work_floor" not in off.scheduler_options, method   # the service's default
 
 
 def test_lr_is_chosen_on_validation_and_finished_runs_are_not_repeated(tmp_path, monkeypatch):
@@ -292,11 +297,13 @@ def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     # recorded before the protocol had its flow-control fields: at their values then (1, 1)
     then = testbed.Protocol(prefetch_batches=1, max_staleness=1)
     older = {**ran, "protocol": {k: v for k, v in testbed.asdict(then).items()
-                                 if k not in ("prefetch_batches", "max_staleness")}}
+                                 if k not in ("prefetch_batches", "max_staleness", "work_floor")}}
     (tmp_path / "t.runs.jsonl").write_text(json.dumps(older) + "\n")
     again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
     assert again.find("ds", 0, 1e-4, "test", then) == older
     assert again.find("ds", 0, 1e-4, "test", protocol) is None   # two batches in the making
+    assert again.find("ds", 0, 1e-4, "test", testbed.Protocol(
+        prefetch_batches=1, max_staleness=1, work_floor=2.0)) is None   # no floor then
     for field in ("start", "evaluation"):   # recorded before runs named it
         legacy = {k: v for k, v in ran.items() if k != field}
         (tmp_path / "t.runs.jsonl").write_text(json.dumps(legacy) + "\n")
