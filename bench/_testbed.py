@@ -192,7 +192,8 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
 
     spec = METHODS[method]
     scheduler = {key: spec[key] for key in ("tau_low", "prior", "pc_tau_low") if key in spec}
-    if protocol.work_floor != 1.0:   # runs recorded before the field had no such setting
+    # 1 is the scheduler's own default, so leaving it out keeps every other run's config as it was
+    if protocol.work_floor != 1.0:
         scheduler["work_floor"] = protocol.work_floor
     if "ada_round" in spec:   # Reinforce-Ada: its budget per prompt, kept at k when delivered
         scheduler.update(group_size=spec["ada_round"] * spec["ada_rounds"] * protocol.k,
