@@ -36,6 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sara_demo.testbed import verified_testbed
 
 from _provenance import git_state
@@ -65,6 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "and 2000)")
     p.add_argument("--evals", type=int, default=None,
                    help="held-out evaluations a run, after the one before RL (default 16)")
+    p.add_argument("--pool-size", type=int, default=None,
+                   help="training prompts, the buckets equally (default 1000)")
     p.add_argument("--val-size", type=int, default=None,
                    help="validation problems (default 2000; the first recording used 1000)")
     p.add_argument("--prefetch-batches", type=int, default=None,
@@ -96,7 +99,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.lr = {m: float(v) for m, v in (kv.split("=") for kv in args.lr.split(",") if kv)}
     except ValueError as exc:
         p.error(f"bad number in --seeds, --lr-grid or --lr: {exc}")
-    for flag in ("prefetch_batches", "max_staleness", "evals"):
+    for flag in ("prefetch_batches", "max_staleness", "evals", "pool_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.work_floor is not None and not 1.0 <= args.work_floor <= 16.0:
@@ -209,9 +212,9 @@ def seeds_of(args: argparse.Namespace, method: str) -> list[int]:
 def protocol_of(args: argparse.Namespace) -> Protocol:
     """The protocol's sizes: the full or the quick one, with the sizes the command gives."""
     protocol = Protocol.quick() if args.quick else Protocol()
-    given = {name: getattr(args, name) for name in ("rollouts", "test_size", "val_size", "evals",
-                                                    "prefetch_batches", "max_staleness",
-                                                    "work_floor")
+    given = {name: getattr(args, name) for name in ("rollouts", "pool_size", "test_size",
+                                                    "val_size", "evals", "prefetch_batches",
+                                                    "max_staleness", "work_floor")
              if getattr(args, name)}
     return Protocol(**{**asdict(protocol), **given})
 
@@ -246,10 +249,13 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
         "\n\ntargets: " + json.dumps(goals, default=float)
     print("\n" + text)
     prefix.with_suffix(".txt").write_text(text + "\n")
-    prefix.with_suffix(".json").write_text(json.dumps(
+    # orjson writes NaN (a ratio no seed reached, a criterion with nothing to measure) as null,
+    # which strict JSON parsers read; the json module would write the bare token NaN
+    prefix.with_suffix(".json").write_bytes(orjson.dumps(
         {"argv": argv, "code": git_state(CODE_PATHS),
          "protocol": asdict(protocol), "lr_selection": chosen, "summary": summary,
-         "criteria": crit, "targets": goals, "runs": runs}, indent=1) + "\n")
+         "criteria": crit, "targets": goals, "runs": runs},
+        option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
     drew = chart(runs, prefix.with_suffix(".png"))
     say(f"wrote {prefix.with_suffix('.json')}, {prefix.with_suffix('.txt')}"
         + (f", {prefix.with_suffix('.png')}" if drew else ""))

@@ -3,6 +3,7 @@ matched batch size, resuming) and a CI-size run of every method through the prod
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
@@ -152,6 +153,26 @@ def test_a_missed_criterion_names_the_methods_that_miss_it():
     assert "saturation under uniform: not measured (no uniform runs)" in text
 
 
+def test_the_json_report_is_strict_json_with_null_for_what_no_seed_reached(tmp_path):
+    runs = [_run("ds", 0, [0.4, 0.5, 0.6, 0.7, 0.7]),
+            _run("sara", 0, [0.4, 0.5, 0.55, 0.6, 0.6])]      # never reaches DS's final
+    args = argparse.Namespace(methods=["ds", "sara"])
+    chosen = {m: {"lr": 1e-4, "how": "validation",
+                  "validation_final_accuracy": {1e-4: 0.6, 3e-4: 0.5}} for m in ("ds", "sara")}
+    cli.write_outputs(tmp_path / "tb", args, ["--testbed"], testbed.Protocol(), runs, chosen, 1.0)
+
+    def refuse(token):
+        raise AssertionError(f"{token} is not JSON")
+
+    result = json.loads((tmp_path / "tb.json").read_text(), parse_constant=refuse)
+    assert result["targets"]["sara_vs_ds"]["ratio"] is None           # no seed reached it
+    assert result["targets"]["sara_vs_ds"]["seeds_not_reached"] == 1
+    assert result["criteria"]["uniform_min_saturated"] is None        # no uniform run
+    assert result["lr_selection"]["ds"]["validation_final_accuracy"] == {"0.0001": 0.6,
+                                                                         "0.0003": 0.5}
+    assert [r["method"] for r in result["runs"]] == ["ds", "sara"]
+
+
 def test_matched_batch_holds_b_mixed_groups_in_expectation():
     protocol = testbed.Protocol(batch_groups=16, max_matched=8)
     assert testbed.matched_cap(protocol, 0.5) == 40          # 1.25 x 16 / 0.5
@@ -212,7 +233,8 @@ def test_arguments_are_checked_and_ds_is_always_run():
     assert (flow.prefetch_batches, flow.max_staleness) == (2, 2)
     assert cli.protocol_of(cli.parse_args(["--evals", "8"])).evals == 8
     assert cli.protocol_of(cli.parse_args(["--work-floor", "2"])).work_floor == 2.0
-    for bad in (["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"],
+    assert cli.protocol_of(cli.parse_args(["--pool-size", "2000"])).pool_size == 2000
+    for bad in (["--pool-size", "0"], ["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"],
                 ["--prefetch-batches", "0"], ["--max-staleness", "-1"], ["--evals", "0"],
                 ["--work-floor", "0.5"], ["--work-floor", "17"]):
         with pytest.raises(SystemExit):
