@@ -367,10 +367,12 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
     except ImportError:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
-    methods = sorted({r["method"] for r in runs})
-    palette = plt.cm.tab20.colors   # eleven keys and more: tab10 ran out at the eleventh
-    colors = {m: palette[i % len(palette)] for i, m in enumerate(methods)}
-    for method in methods:
+    # tab10's distinct hues but its gray (the probe panel's), then tab20's paler ones: the league
+    # has seventeen keys
+    palette = [c for i, c in enumerate(plt.cm.tab10.colors) if i != 7] + \
+        list(plt.cm.tab20.colors[1::2])
+    colors = method_colors({r["method"] for r in runs}, palette)
+    for method in colors:
         mine = [r for r in runs if r["method"] == method]
         for r in mine:   # each run faint, the mean over seeds bold
             left.plot([p["rollouts"] for p in r["curve"]],
@@ -397,6 +399,15 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def method_colors(methods: set[str], palette: list) -> dict[str, Any]:
+    """Each method's colour, in legend order: DS first and in black (every ratio is to DS, so
+    the eye looks for it), the rest by name in `palette`'s order, cycling past its end. tab20's
+    pairs in name order put DS and DPS in two blues side by side."""
+    ordered = sorted(methods, key=lambda m: (m != "ds", m))
+    rest = (palette[i % len(palette)] for i in range(len(ordered)))
+    return {m: "black" if m == "ds" else next(rest) for m in ordered}
 
 
 def mean_curve(runs: list[dict[str, Any]], points: int = 60) -> tuple[list[float], list[float]]:
