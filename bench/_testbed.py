@@ -81,11 +81,13 @@ class Protocol:
 
     batch_groups: int = 16
     k: int = 8
-    # 90,000: at 80,000 (117 DS steps) DS plateaued within a test SE before step 100 on two
-    # seeds of five; at 100,000 SARA + DPS's 248 steps took 181 s (docs/benchmarks.md)
-    rollouts: int = 90_000
+    # 110,000 on a pool of 2,000 (docs/benchmarks.md, the regime search): at 80,000 on 1,000
+    # prompts DS plateaued within a test SE before step 100 on two seeds of five, and at
+    # 110,000 on 1,000 one seed's slow buckets ran out of unsaturated prompts by step 94; on
+    # 2,000 (1,619 drawn: three small buckets hold fewer) DS rises past step 170 on every seed
+    rollouts: int = 110_000
     evals: int = 16
-    pool_size: int = 1000
+    pool_size: int = 2000
     # 8,000 test problems (SE about 0.55 points) and 2,000 for validation: at half those, the
     # first recording's DS targets and learning-rate choices were decided by noise of a point,
     # and at 4,000 one DS seed's half-run gap (2 points) was 2.5 SE. Greedy evaluation decodes
@@ -99,9 +101,9 @@ class Protocol:
     # keeps in the making, and the policy versions a delivered group may lag. At 80,000 rollouts
     # with one batch in the making the selectors' generate calls held 20-30 rollouts and their
     # runs took 216-421 s; with two (groups two versions old accepted, under the loss's clipped
-    # ratio) 138-180 s
-    prefetch_batches: int = 2
-    max_staleness: int = 2
+    # ratio) 138-180 s; with four, 110,000 rollouts fit the same three minutes (90-170 s)
+    prefetch_batches: int = 4
+    max_staleness: int = 4
     # the scheduler's work floor (SARA_WORK_FLOOR), the same for every method: while fewer than
     # a batch is ready, a short lease may open groups up to this many times the flow target, so
     # the engine is not left with SARA's probes alone (1: off)
@@ -115,8 +117,9 @@ class Protocol:
         the CI test's 5-point floor; at 6,000 it ranged 9.8-15.0 over four, for 2 s more a run."""
         return cls(batch_groups=4, rollouts=6_000, evals=2, test_size=400, val_size=300,
                    probe_size=48, time_budget_s=300.0,
-                   # the CI test's floor was measured at one batch in the making
-                   prefetch_batches=1, max_staleness=1)
+                   # the CI test's floors were measured at one batch in the making, on 1,000
+                   # prompts
+                   prefetch_batches=1, max_staleness=1, pool_size=1000)
 
 
 def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,

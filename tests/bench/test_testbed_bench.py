@@ -223,17 +223,20 @@ def test_mixed_groups_are_counted_in_groups_of_k_whatever_their_size():
 def test_arguments_are_checked_and_ds_is_always_run():
     args = cli.parse_args(["--methods", "sara", "--lr", "sara=3e-4"])
     assert args.methods == ["ds", "sara"] and args.lr == {"sara": 3e-4}
-    assert args.lr_grid == [1e-4, 3e-4, 1e-3] and cli.parse_args(["--quick"]).lr_grid == [3e-4]
+    assert args.lr_grid == [1e-4, 2e-4, 3e-4, 5e-4]
+    assert cli.parse_args(["--quick"]).lr_grid == [3e-4]
     assert cli.protocol_of(args) == testbed.Protocol()
     sized = cli.protocol_of(cli.parse_args(["--test-size", "2000", "--val-size", "1000"]))
-    assert (sized.test_size, sized.val_size, sized.rollouts) == (2000, 1000, 90_000)
+    assert (sized.test_size, sized.val_size, sized.rollouts) == (2000, 1000, 110_000)
+    assert (sized.pool_size, sized.prefetch_batches, sized.max_staleness) == (2000, 4, 4)
+    assert cli.protocol_of(cli.parse_args(["--quick"])).pool_size == 1000   # CI's floors' pool
     assert cli.protocol_of(cli.parse_args(["--quick", "--rollouts", "999"])) == \
         testbed.Protocol(**{**testbed.asdict(testbed.Protocol.quick()), "rollouts": 999})
     flow = cli.protocol_of(cli.parse_args(["--prefetch-batches", "2", "--max-staleness", "2"]))
     assert (flow.prefetch_batches, flow.max_staleness) == (2, 2)
     assert cli.protocol_of(cli.parse_args(["--evals", "8"])).evals == 8
     assert cli.protocol_of(cli.parse_args(["--work-floor", "2"])).work_floor == 2.0
-    assert cli.protocol_of(cli.parse_args(["--pool-size", "2000"])).pool_size == 2000
+    assert cli.protocol_of(cli.parse_args(["--pool-size", "1000"])).pool_size == 1000
     for bad in (["--pool-size", "0"], ["--methods", "grpo"], ["--seeds", "a"], ["--lr", "nope=1e-4"],
                 ["--prefetch-batches", "0"], ["--max-staleness", "-1"], ["--evals", "0"],
                 ["--work-floor", "0.5"], ["--work-floor", "17"]):
@@ -323,7 +326,7 @@ def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     (tmp_path / "t.runs.jsonl").write_text(json.dumps(older) + "\n")
     again = cli.Recorder(tmp_path / "t.runs.jsonl", fresh=False)
     assert again.find("ds", 0, 1e-4, "test", then) == older
-    assert again.find("ds", 0, 1e-4, "test", protocol) is None   # two batches in the making
+    assert again.find("ds", 0, 1e-4, "test", protocol) is None   # four batches in the making
     assert again.find("ds", 0, 1e-4, "test", testbed.Protocol(
         prefetch_batches=1, max_staleness=1, work_floor=2.0)) is None   # no floor then
     for field in ("start", "evaluation"):   # recorded before runs named it
@@ -349,6 +352,24 @@ def test_a_run_is_matched_on_the_split_it_read_not_the_other_splits_size(tmp_pat
     # any other field still tells protocols apart, on either split
     for split in ("validation", "test"):
         assert rec.find("ds", 0, 1e-4, split, testbed.Protocol(test_size=8000, k=4)) is None
+
+
+def test_the_default_command_finds_every_run_of_the_recording():
+    # the recorded bench/results/testbed.* is the defaults' protocol and grid, so the documented
+    # command (no protocol flags) resumes it instead of running it again
+    path = BENCH / "results" / "testbed.runs.jsonl"
+    runs = [json.loads(line) for line in path.read_text().splitlines()]
+    protocol = cli.protocol_of(cli.parse_args([]))
+    rec = cli.Recorder(path, fresh=False)
+    for run in runs:
+        assert rec.find(run["method"], run["seed"], run["lr"], run["split"], protocol) is not None, \
+            (run["method"], run["seed"], run["lr"], run["split"])
+    grid = sorted(cli.parse_args([]).lr_grid)
+    validated = {}
+    for run in runs:
+        if run["split"] == "validation":
+            validated.setdefault(run["method"], set()).add(run["lr"])
+    assert len(validated) == 9 and all(sorted(lrs) == grid for lrs in validated.values())
 
 
 def test_the_run_record_names_its_warm_start():
@@ -430,6 +451,16 @@ def test_the_chart_draws_every_method_of_the_eleven_and_more(tmp_path):
     runs = [_run(m, s, [0.3, 0.4 + 0.01 * s, 0.5]) for m in testbed.METHODS for s in (0, 1)]
     assert len({r["method"] for r in runs}) >= 11
     assert report.chart(runs, tmp_path / "c.png") and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_ds_is_drawn_first_in_black_and_no_two_methods_share_a_colour():
+    palette = [(i / 20, 0.5, 0.5) for i in range(19)]
+    colors = report.method_colors(set(testbed.METHODS), palette)
+    assert next(iter(colors)) == "ds" and colors["ds"] == "black"
+    assert len(set(colors.values())) == len(colors) == 17
+    assert list(colors)[1:] == sorted(m for m in testbed.METHODS if m != "ds")
+    assert report.method_colors({"sara", "dps"}, palette[:1]) == {"dps": palette[0],
+                                                                   "sara": palette[0]}
 
 
 def test_a_methodsmean_curve_averages_its_runs_on_a_common_grid():
