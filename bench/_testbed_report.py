@@ -405,9 +405,9 @@ def method_colors(methods: set[str], palette: list) -> dict[str, Any]:
     """Each method's colour, in legend order: DS first and in black (every ratio is to DS, so
     the eye looks for it), the rest by name in `palette`'s order, cycling past its end. tab20's
     pairs in name order put DS and DPS in two blues side by side."""
-    ordered = sorted(methods, key=lambda m: (m != "ds", m))
-    rest = (palette[i % len(palette)] for i in range(len(ordered)))
-    return {m: "black" if m == "ds" else next(rest) for m in ordered}
+    others = sorted(methods - {"ds"})
+    colors = {m: palette[i % len(palette)] for i, m in enumerate(others)}
+    return {"ds": "black", **colors} if "ds" in methods else colors
 
 
 def mean_curve(runs: list[dict[str, Any]], points: int = 60) -> tuple[list[float], list[float]]:
