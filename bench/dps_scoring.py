@@ -25,30 +25,35 @@ def walk_from_scratch(observations: list, version: int, params: DpsParams) -> fl
     scheduler's scoring was before the walks were kept: the filtered chain by history, the
     score by (history, version), and the walk from the last observation redone at every new
     version."""
-    history = tuple((int(o[0]), str(o[1])) for o in sorted(observations, key=lambda o: o[0]))
-    return _scored(history, version, params)
+    last_at = {int(o[0]): str(o[1]) for o in sorted(observations, key=lambda o: o[0])}
+    return _scored(tuple(last_at.items()), version, params)
 
 
 def _walk(belief: list[float], counts: list[list[float]], steps: int, params: DpsParams):
+    """`steps` versions on: push the belief through the normalised rows, then decay."""
     for _ in range(min(steps, MAX_STEPS_FORWARD)):
-        counts = [[params.prior + params.decay * (c - params.prior) for c in row]
-                  for row in counts]
         rows = [[c / sum(row) for c in row] for row in counts]
         belief = [sum(belief[i] * rows[i][j] for i in range(3)) for j in range(3)]
+        counts = [[params.prior + params.decay * (c - params.prior) for c in row]
+                  for row in counts]
     return belief, counts
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _filtered(history: tuple, params: DpsParams):
     belief, counts = [1 / 3] * 3, [[params.prior] * 3 for _ in range(3)]
-    at, previous = None, None
+    at = None
     for seen_at, outcome in history:
         if at is not None:
-            belief, counts = _walk(belief, counts, seen_at - at, params)
+            belief, counts = _walk(belief, counts, seen_at - 1 - at, params)
         state = STATES.index(outcome)
-        if previous is not None:
-            counts[previous][state] += 1.0
-        belief, previous, at = [float(i == state) for i in range(3)], state, seen_at
+        rows = [[c / sum(row) for c in row] for row in counts]
+        joint = [belief[i] * rows[i][state] for i in range(3)]
+        counts = [[params.prior + params.decay * (c - params.prior) for c in row]
+                  for row in counts]
+        for i in range(3):
+            counts[i][state] += joint[i] / sum(joint)
+        belief, at = [float(i == state) for i in range(3)], seen_at
     return belief, counts, at
 
 

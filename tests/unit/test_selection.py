@@ -16,40 +16,66 @@ from sara_service.math.selection import (
 outcomes = st.lists(st.tuples(st.integers(0, 30), st.sampled_from("FMS")), max_size=16)
 
 
-def naive_dps(observations, version, decay, prior):
-    """Same model written out state by state, version by version, with explicit loops."""
+def naive_dps(observations, version, decay, prior, cap=64):
+    """The reference sampler's procedure written out for one prompt, step by step (a step per
+    policy version), with explicit loops over the states. At a step with an observation (the last
+    one recorded at that version), the transition counts decay toward the prior and gain one soft
+    count over (from, to) in proportion to from-belief x to-belief x P(from -> to), the from-belief
+    being the prompt's belief one step before (`before`); at a step without, they only decay and
+    the belief moves on. The prediction for a step is the belief pushed through the counts as they
+    stood after the step before. Walks stop `cap` steps after an observation, as the module's do."""
     counts = {(a, b): prior for a in "FMS" for b in "FMS"}
-    belief = {s: 1 / 3 for s in "FMS"}
-    obs = sorted(observations, key=lambda o: o[0])
-    at, prev = None, None
+    seen = {}
+    for v, o in sorted(observations, key=lambda o: o[0]):
+        seen[v] = o
 
-    def forward(steps):
-        nonlocal belief
-        for _ in range(min(steps, 64)):
-            for key in counts:
-                counts[key] = prior + decay * (counts[key] - prior)
-            new = {}
-            for j in "FMS":
-                total = 0.0
-                for i in "FMS":
-                    row = sum(counts[(i, x)] for x in "FMS")
-                    total += belief[i] * counts[(i, j)] / row
-                new[j] = total
-            belief = new
+    def chance(i, j):
+        return counts[(i, j)] / sum(counts[(i, x)] for x in "FMS")
 
-    for v, o in obs:
-        if at is not None:
-            forward(v - at)
-        if prev is not None:
-            counts[(prev, o)] += 1
-        belief = {s: float(s == o) for s in "FMS"}
-        at, prev = v, o
-    forward(1 if at is None else max(1, version - at))
-    return belief["M"]
+    def pushed(belief):
+        return {j: sum(belief[i] * chance(i, j) for i in "FMS") for j in "FMS"}
+
+    def decayed():
+        return {key: prior + decay * (c - prior) for key, c in counts.items()}
+
+    before = {s: 1 / 3 for s in "FMS"}     # the belief one step before the current step
+    prediction = pushed(before)             # the prediction for the current step
+    if not seen:
+        return prediction["M"]
+    last = max(seen)
+    since = 0                               # steps since the last observation
+    for step in range(min(seen), max(version, last + 1)):
+        if step in seen:
+            after = {s: float(s == seen[step]) for s in "FMS"}
+            joint = {(i, j): before[i] * after[j] * chance(i, j) for i in "FMS" for j in "FMS"}
+            total = sum(joint.values())
+            counts = {key: c + joint[key] / total for key, c in decayed().items()}
+            before, since = after, 0
+            prediction = pushed(before)
+            continue
+        since += 1
+        if since > cap:
+            continue                        # past the cap: the walk stands still
+        before = prediction
+        counts = decayed()
+        prediction = pushed(before) if since < cap else before
+    return prediction["M"]
 
 
 def test_unseen_prompt_gets_the_prior_prediction():
     assert dps_mixed_probability([], 5) == pytest.approx(1 / 3)
+
+
+def test_one_mixed_observation_predicts_as_the_reference_update_gives():
+    # from the uniform starting belief, one soft count spread over (i, M) by 1/3 each: row M of
+    # the counts becomes (1, 4/3, 1), and the next step's prediction is that row normalised
+    assert dps_mixed_probability([(0, "M")], 1) == pytest.approx(0.4, abs=1e-15)
+
+
+def test_one_observation_counts_a_version_the_last_recorded():
+    assert dps_mixed_probability([(2, "M"), (3, "F"), (3, "M")], 5) == \
+        dps_mixed_probability([(2, "M"), (3, "M")], 5)
+    assert dps_mixed_probability([(3, "M"), (3, "F")], 5) == dps_mixed_probability([(3, "F")], 5)
 
 
 def test_persistently_mixed_prompt_ranks_above_persistently_saturated():
@@ -111,7 +137,7 @@ def test_a_historys_forward_walk_is_kept_across_versions():
     assert later == pytest.approx(naive_dps(observations, 12, 0.5, 1.0), abs=1e-12)
     info = selection._forward.cache_info()
     assert (info.misses, info.hits) == (1, 2)
-    walk = selection._forward(((1, "F", 0.0), (3, "M", 0.0), (3, "S", 0.0)), DpsParams())
+    walk = selection._forward(((1, "F", 0.0), (3, "S", 0.0)), DpsParams())   # one a version
     assert len(walk.mixed) == 12 - 3                    # walked as far as asked, no further
 
 
@@ -142,12 +168,12 @@ def test_a_censored_observation_with_no_chance_of_mixed_is_the_hard_label():
 
 @pytest.mark.parametrize("side", ["F", "S"])
 def test_a_censored_observation_moves_the_prediction_less_than_a_hard_one(side):
-    before = dps_mixed_probability([(0, "M"), (1, "M")], 3)
+    mixed = _after_failing_history((2, "M"))
     hard = _after_failing_history((2, side))
     soft = _after_failing_history((2, side, 0.4))
-    assert hard < soft < before
+    assert hard < soft < mixed
     # and the more likely the abandoned group was mixed, the less it counts against the prompt
-    assert soft < _after_failing_history((2, side, 0.8))
+    assert soft < _after_failing_history((2, side, 0.8)) < mixed
 
 
 def test_certainly_mixed_censored_observation_is_a_mixed_label():

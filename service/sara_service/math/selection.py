@@ -4,16 +4,21 @@ The store records, per prompt, the outcome class of each finished group with the
 it finished under: 'F' (all fail), 'M' (mixed), 'S' (all succeed). The predictors below replay
 that short history; the scheduler draws a candidate pool and keeps the best-scored prompts.
 
-- DPS (Dynamics-Predictive Sampling): a 3-state Markov chain per prompt over F/M/S. Transition
-  counts start at a Dirichlet prior, decay toward it once per policy version, and gain one count
-  per observed transition. Between observations the belief over the prompt's state is pushed
-  forward through the learned transition matrix, one step per policy version, so a prompt not
-  sampled for a while drifts back toward the prior's prediction.
+- DPS (Dynamics-Predictive Sampling, arXiv 2603.10887): a 3-state hidden Markov model per prompt
+  over F/M/S, as its reference sampler runs it, one step per policy version. Transition counts
+  start at a Dirichlet prior (`prior` each) and a uniform belief. Every step the counts decay
+  toward the prior (c -> prior + decay * (c - prior)); a step with an observation also gains one
+  soft count, spread over (from, to) in proportion to from-belief x to-belief x the expected
+  transition probability, where the "from" belief is the prompt's belief one step before the
+  observation (its last observed state, pushed forward through the steps it was not sampled).
+  The prediction for a step is the belief pushed one step on through the counts as they stood
+  after the previous step, so a prompt not sampled for a while drifts toward the prior's
+  prediction. At most one observation per prompt a step: of several groups finished at one
+  version, the last recorded counts.
   A group SARA abandoned is censored: it saw only a pure prefix, and would have ended mixed with
   probability q (the store records q with the outcome, from the prompt's posterior). It counts
-  as a soft observation: the belief becomes (1-q, q, 0) for 'F' ((0, q, 1-q) for 'S'), and the
-  transition counts gain the outer product of the previous and this belief (one count, spread).
-  q = 0 is the hard label.
+  as a soft observation: the to-belief is (1-q, q, 0) for 'F' ((0, q, 1-q) for 'S'). q = 0 is
+  the hard label. (The reference has no censoring: every group it samples runs whole.)
 - MoPPS: Thompson-sample a success rate from the prompt's (decayed) Beta posterior and prefer
   prompts whose sample is nearest a target rate (0.5: most likely to give a mixed group). Under
   the reward view (levels, not successes) the sample is the prompt's chances over its reward
@@ -55,25 +60,39 @@ class DpsParams:
 
 def _advance(belief: list[float], counts: Matrix, steps: int, params: DpsParams,
              mixed: array.array | None = None) -> tuple[list[float], Matrix]:
-    """`steps` versions on (at most MAX_STEPS_FORWARD): each decays the counts toward the prior
-    (c -> prior + decay * (c - prior)), then pushes the belief through their rows, each
-    normalised to sum to one, and appends P(mixed) to `mixed` when given. Written out over the
-    nine counts because it runs for every new observation history (a prompt keeps its last 16):
+    """`steps` versions on (at most MAX_STEPS_FORWARD): each pushes the belief through the
+    counts' rows (each normalised to sum to one), appends P(mixed) to `mixed` when given, then
+    decays the counts toward the prior (c -> prior + decay * (c - prior)): the prediction for a
+    step uses the counts as they stood after the step before it. Written out over the nine
+    counts because it runs for every new observation history (a prompt keeps its last 16):
     built from lists, a step took about 5 times as long (bench/dps_scoring.py)."""
     d, p = params.decay, params.prior
     b0, b1, b2 = belief
     (c00, c01, c02), (c10, c11, c12), (c20, c21, c22) = counts
     for _ in range(min(steps, MAX_STEPS_FORWARD)):
-        c00, c01, c02 = p + d * (c00 - p), p + d * (c01 - p), p + d * (c02 - p)
-        c10, c11, c12 = p + d * (c10 - p), p + d * (c11 - p), p + d * (c12 - p)
-        c20, c21, c22 = p + d * (c20 - p), p + d * (c21 - p), p + d * (c22 - p)
         # belief[i] / row i's total: the row's weight once normalised
         w0, w1, w2 = b0 / (c00 + c01 + c02), b1 / (c10 + c11 + c12), b2 / (c20 + c21 + c22)
         b0, b1, b2 = (w0 * c00 + w1 * c10 + w2 * c20, w0 * c01 + w1 * c11 + w2 * c21,
                       w0 * c02 + w1 * c12 + w2 * c22)
         if mixed is not None:
             mixed.append(b1)
+        c00, c01, c02 = p + d * (c00 - p), p + d * (c01 - p), p + d * (c02 - p)
+        c10, c11, c12 = p + d * (c10 - p), p + d * (c11 - p), p + d * (c12 - p)
+        c20, c21, c22 = p + d * (c20 - p), p + d * (c21 - p), p + d * (c22 - p)
     return [b0, b1, b2], [[c00, c01, c02], [c10, c11, c12], [c20, c21, c22]]
+
+
+def _observed(before: list[float], counts: Matrix, after: list[float],
+              params: DpsParams) -> Matrix:
+    """The counts after a step with an observation: decayed once, plus one soft count over
+    (from, to) in proportion to before[i] * after[j] * P(i -> j) under the counts as they stood
+    (the reference sampler's Bayesian update of its transition parameters)."""
+    d, p = params.decay, params.prior
+    joint = [[before[i] * after[j] * counts[i][j] / sum(counts[i]) for j in range(3)]
+             for i in range(3)]
+    total = sum(map(sum, joint))
+    return [[p + d * (counts[i][j] - p) + (joint[i][j] / total if total > 0 else 0.0)
+             for j in range(3)] for i in range(3)]
 
 
 def dps_observations(stored: Sequence[Sequence], censored: bool = True) -> list[tuple]:
@@ -86,11 +105,13 @@ def dps_mixed_probability(observations: Sequence[Sequence], version: int,
                           params: DpsParams = DpsParams()) -> float:
     """P(the prompt's next group is mixed) at policy `version`, from (version, 'F'|'M'|'S')
     pairs, or triples (version, 'F'|'S', q) for a censored group that would have been mixed with
-    probability q."""
-    # stable by version: observations of one version keep the order they were recorded in
-    key = tuple((int(o[0]), str(o[1]), float(o[2]) if len(o) > 2 else 0.0)
-                for o in sorted(observations, key=lambda o: int(o[0])))
-    return _predicted_mixed(key, int(version), params)
+    probability q. Of several observations at one version the last recorded counts."""
+    # stable by version: observations of one version keep the order they were recorded in, and
+    # the last of them stands for the step
+    last_at: dict[int, tuple[int, str, float]] = {}
+    for o in sorted(observations, key=lambda o: int(o[0])):
+        last_at[int(o[0])] = (int(o[0]), str(o[1]), float(o[2]) if len(o) > 2 else 0.0)
+    return _predicted_mixed(tuple(last_at.values()), int(version), params)
 
 
 def _belief_after(outcome: str, q: float) -> list[float]:
@@ -153,23 +174,19 @@ def _forward(observations: tuple[tuple[int, str, float], ...], params: DpsParams
 @functools.lru_cache(maxsize=1 << 14)
 def _filtered(observations: tuple[tuple[int, str, float], ...], params: DpsParams
               ) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...], int | None]:
-    """The HMM's belief and transition counts just after the last observation, and its version."""
+    """The HMM's belief and transition counts just after the last observation, and its version
+    (one observation a version: `dps_mixed_probability` keeps the last of each)."""
     counts: Matrix = [[params.prior] * 3 for _ in range(3)]
-    belief = [1 / 3] * 3
-    previous: list[float] | None = None
+    belief = [1 / 3] * 3   # the reference's uniform starting belief
     at: int | None = None
     for seen_at, outcome, q in observations:
         if outcome not in _INDEX:
             raise ValueError(f"outcome must be one of {STATES}, got {outcome!r}")
+        if at is not None:   # the belief one step before this observation, and the counts then
+            belief, counts = _advance(belief, counts, seen_at - 1 - at, params)
         current = _belief_after(outcome, q)
-        if at is not None:
-            belief, counts = _advance(belief, counts, seen_at - at, params)
-        if previous is not None:  # hard labels: exactly one count at [previous][current]
-            for i in range(3):
-                for j in range(3):
-                    counts[i][j] += previous[i] * current[j]
-        belief = current
-        previous, at = current, seen_at
+        counts = _observed(belief, counts, current, params)
+        belief, at = current, seen_at
     return tuple(belief), tuple(tuple(row) for row in counts), at
 
 
