@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara", "reinforce_ada",
                            "pilot_commit"]
 SelectionPolicy = Literal["epoch", "history", "dps", "mopps", "greso"]
+SelectionRank = Literal["version", "opening"]
 PriorMode = Literal["uniform", "history"]
 CommitMode = Literal["complete", "partial"]
 EffectiveView = Literal["outcome", "reward"]
@@ -56,6 +57,12 @@ class Settings(BaseSettings):
     tau_low: Annotated[float, Field(ge=0.0, le=1.0)] | Literal["auto"] = Field(
         0.5, description='Abandon a pure prefix once p_eff < tau_low; "auto": the cost-aware '
                          "thresholds (sara_service.math.autotau), priced by the pool's yield.")
+    tau_low_fail: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="SARA with a fixed tau_low: abandon an all-fail prefix only once p_eff < "
+                    "this instead (unset: tau_low). Lower keeps more of a hard prompt's groups, "
+                    "whose rare success is what the policy learns most from, at the price of "
+                    "more probes on prompts that never succeed.")
     tau_floor: float | None = Field(
         None, ge=0.0, le=1.0, description="Under tau_low=auto, abandon (or skip) only where "
                                           "p_eff < tau_floor: the reliability bound.")
@@ -97,7 +104,19 @@ class Settings(BaseSettings):
         2, ge=2, le=1024, description="Under effective=reward, the levels a plan assumes before "
                                       "the run has seen more (it then uses the number seen).")
     seed: int = Field(0, description="Scheduler randomness.")
-    selection_pool: int = Field(8, ge=1, le=256, description="dps/mopps candidates per pick.")
+    selection_lambda: int = Field(
+        8, ge=1, le=256, validation_alias=AliasChoices(
+            "selection_lambda", "SARA_SELECTION_LAMBDA", "SARA_SELECTION_POOL"),
+        description="dps/mopps: candidates drawn from the epoch, without replacement, per group "
+                    "to open; the best-scored 1 in lambda open and the rest are used up for "
+                    "that pass of the pool (DPS's and MoPPS's references: 8 on Countdown, "
+                    "16-32 on MATH). SARA_SELECTION_POOL is its old name.")
+    selection_rank: SelectionRank = Field(
+        "version", description="dps/mopps: rank lambda x batch_size candidates once a policy "
+                               "version and open the best batch_size of them, drawing another "
+                               "round when they run out (version, as the references do each "
+                               "step), or rank lambda x the groups each opening needs "
+                               "(opening).")
     dps_decay: float = Field(0.5, ge=0.0, le=1.0, description="DPS count decay per version.")
     dps_prior: float = Field(1.0, gt=0.0, description="DPS Dirichlet prior on transitions.")
     dps_censored: bool = Field(True, description="DPS sees an abandoned group as the prefix it "
@@ -208,6 +227,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"SARA_GRESO_P_START={self.greso_p_start:g} must lie within SARA_GRESO_P_MIN="
                 f"{self.greso_p_min:g} and SARA_GRESO_P_MAX={self.greso_p_max:g}")
+        if self.tau_low_fail is not None and (self.tau_low == "auto" or self.effective == "reward"
+                                              or self.group_sizing == "var_k"):
+            raise ValueError(
+                f"SARA_TAU_LOW_FAIL={self.tau_low_fail:g} lowers a fixed SARA_TAU_LOW on the "
+                "failing side of a success/failure group: it needs a fixed SARA_TAU_LOW, "
+                "SARA_EFFECTIVE=outcome and SARA_GROUP_SIZING=fixed (unset it otherwise)")
         if self.group_sizing == "var_k":
             self._sizes_can_vary()
         if self.policy == "reinforce_ada":
@@ -219,7 +244,7 @@ class Settings(BaseSettings):
         if self.tau_low == "auto":
             return self  # auto never plans a skip for a fresh prompt (see allocation.plan_group)
         plan = plan_group(self.policy, self.group_size, self.prior_alpha, self.prior_beta,
-                          self.tau_low)
+                          self.tau_low, tau_fail=self.tau_low_fail)
         if plan.skip:
             start = p_eff(0, 0, self.group_size, self.prior_alpha, self.prior_beta)
             raise ValueError(

@@ -120,14 +120,21 @@ async def test_a_lease_that_opens_groups_is_one_script_call(make_api):
     (no separate epoch pop, open_groups or second lease); when the epoch runs dry the scheduler
     starts the next one and opens the rest."""
     api = await make_api(batch_size=64, prefetch_batches=4)
-    await api.add(*(prompt_spec(f"m{i}", "mixed") for i in range(4)))
+    await api.add(*(prompt_spec(f"f{i}", "fail") for i in range(4)))
     store = api.app.state.scheduler.store
-    assert len((await api.lease("w1", 4))["rollouts"]) == 4  # the first epoch starts
+    first = await api.lease("w1", 4)  # the first epoch starts
+    assert len(first["rollouts"]) == 4
     scripts = count_scripts(api.app)
     lease = await api.lease("w1", 8)  # two more groups of the epoch's four
     assert len(lease["rollouts"]) == 8 and scripts == {"lease": 1}
     assert await store.redis.llen(store.keys.epoch_queue) == 1
+    # all three abandoned: their prompts are free again
+    await api.report("w1", [result_for(r) for r in first["rollouts"] + lease["rollouts"]])
     scripts.clear()
-    lease = await api.lease("w1", 16)  # the epoch's last prompt, then the next epoch's first three
+    # the epoch's last prompt, then the next epoch's three others (the fourth, just opened here,
+    # is passed over: one group per prompt at a time)
+    lease = await api.lease("w1", 16)
     assert len(lease["rollouts"]) == 16 and (await api.counters())["groups_opened"] == 7
+    assert len({r["prompt_id"] for r in lease["rollouts"]}) == 4
     assert scripts == {"lease": 2, "refill_epoch": 1, "open_groups": 1}
+    assert (await api.counters())["prompts_skipped_busy"] == 1

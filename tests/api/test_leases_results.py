@@ -296,3 +296,19 @@ async def test_a_worker_error_is_released_for_another_try_and_teaches_nothing(ap
     await api.report("w1", [result_for(rs[1], reward=1.0)])
     posterior = (await api.prompt("m"))["posterior"]
     assert (posterior["alpha"], posterior["beta"]) == (2.0, 1.0)  # the success, not the error
+
+
+async def test_a_lower_failing_threshold_probes_a_failing_prompt_longer(make_api):
+    """SARA_TAU_LOW_FAIL=0.3 at k = 8: 4 failures continue (p_eff 4/9), the group is issued up
+    to 6, and 6 failures abandon it (2/9), where tau_low 0.5 alone abandons at 4."""
+    api = await make_api(tau_low_fail=0.3)
+    await api.add(prompt_spec("f", "fail"))
+    probe = await api.lease("w1", 64)
+    assert len(probe["rollouts"]) == 4
+    answer = await api.report("w1", [result_for(r) for r in probe["rollouts"]])
+    assert [d["decision"] for d in answer["decisions"]] == ["continue"]
+    more = await api.lease("w1", 64)
+    assert len(more["rollouts"]) == 2
+    answer = await api.report("w1", [result_for(r) for r in more["rollouts"]])
+    assert [d["decision"] for d in answer["decisions"]] == ["abandon"]
+    assert (await api.stats())["abandon_histogram"] == {"6": 1}

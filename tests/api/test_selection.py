@@ -45,7 +45,7 @@ async def test_predictive_selection_wastes_fewer_groups_than_epoch_order(make_ap
     # The trainer takes the same 24 mixed groups either way; the predictor's win is in how many
     # saturated groups it opens to find them (epoch order: about 4 per mixed group here).
     epoch_waste, epoch_mixed = await _wasted_groups(make_api, selection="epoch")
-    waste, mixed = await _wasted_groups(make_api, selection=selection, selection_pool=4,
+    waste, mixed = await _wasted_groups(make_api, selection=selection, selection_lambda=4,
                                         posterior_decay=decay, dps_decay=decay)
     assert mixed >= 24 and epoch_mixed >= 24
     assert waste < 0.75 * epoch_waste, (waste, epoch_waste)
@@ -54,13 +54,14 @@ async def test_predictive_selection_wastes_fewer_groups_than_epoch_order(make_ap
 async def test_history_selection_skips_prompts_known_to_saturate(make_api):
     api = await make_api(selection="history", prior="uniform", tau_skip=0.5,
                          posterior_decay=1.0, batch_size=2, prefetch_batches=1)
-    await api.add(prompt_spec("f", "fail"), prompt_spec("m", "mixed"))
+    # batches of two distinct prompts: two mixed ones can fill one while the failing one waits
+    await api.add(prompt_spec("f", "fail"), prompt_spec("m0", "mixed"), prompt_spec("m1", "mixed"))
     await _train_rounds(api, 6)
     before = (await api.counters()).get("groups_skipped", 0)
     assert before > 0
     fail = (await api.prompt("f"))["history"]["groups"]
-    mixed = (await api.prompt("m"))["history"]["groups"]
-    assert mixed > fail
+    mixed = [(await api.prompt(m))["history"]["groups"] for m in ("m0", "m1")]
+    assert min(mixed) > fail
 
 
 async def test_an_infinite_half_life_is_served_and_shown(make_api):

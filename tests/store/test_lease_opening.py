@@ -8,7 +8,7 @@ import pytest
 
 from sara_client.models import PromptIn
 from sara_service.store.redis_client import connect
-from sara_service.core.scheduler import shuffled
+from sara_service.core.draws import shuffled
 from sara_service.store.leases import Opening
 from sara_service.store.store import Store
 

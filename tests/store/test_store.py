@@ -11,6 +11,7 @@ import pytest
 from sara_client.models import PromptIn, RolloutResult
 from sara_service.math.allocation import decay_posterior, plan_group
 from sara_service.errors import Conflict, NotFound, UnknownRollouts
+from sara_service.store.store import Store
 from sara_service.store.codec import StoredPosterior
 
 pytestmark = pytest.mark.anyio
@@ -36,6 +37,13 @@ async def lease(store, worker, n, now=0.0, lease_id="L1", ttl=10.0):
 async def counters(store):
     return {name: float(v) for name, v in (await store.run.counters()).items()}
 
+
+
+async def many_prompts(store: Store, n: int = 32) -> None:
+    """Register "p0" ... "p{n-1}": a prompt has one group in flight at a time, so a test that
+    holds several groups open at once needs as many prompts."""
+    await store.prompts.add_prompts([(f"p{i}", PromptIn(prompt=f"q{i}")) for i in range(n)],
+                                    1.0, 1.0, 0)
 
 async def test_add_prompts_is_idempotent_on_id(store):
     prompts = [("a", PromptIn(prompt="1+1", answer="2")), ("b", PromptIn(prompt="2+2"))]
@@ -82,7 +90,8 @@ async def test_refill_by_two_replicas_that_saw_the_same_epoch_happens_once(store
 
 
 async def test_flow_control_stops_opening_at_the_expected_yield_target(store):
-    groups = [(f"g{i}", "p", SARA8) for i in range(10)]
+    await many_prompts(store)
+    groups = [(f"g{i}", f"p{i}", SARA8) for i in range(10)]
     # each new sara group is worth p_eff(0) = 7/9 expected effective groups
     opened = await store.groups.open_groups(0.0, 2, groups, "complete")
     assert opened == 3  # 0 -> 7/9 -> 14/9 -> 21/9 >= 2
@@ -93,13 +102,14 @@ async def test_the_work_floor_opens_past_the_target_only_while_less_than_a_batch
     """A short lease may open up to the floor's target while fewer than floor_ready groups are
     ready (the trainer is waiting: an idle engine is the cost); once a batch is ready, the
     flow target holds again."""
+    await many_prompts(store)
     floor = dict(floor_target=4.0, floor_ready=2)
-    groups = [(f"g{i}", "p", SARA8) for i in range(10)]
+    groups = [(f"g{i}", f"p{i}", SARA8) for i in range(10)]
     opened = await store.groups.open_groups(0.0, 2, groups, "complete", **floor)
     assert opened == 6  # 7/9 each: 5 of them are 35/9 < 4, the sixth reaches 42/9
     # two groups ready (a batch's worth of floor_ready): the floor no longer applies
     await store.redis.rpush(store.keys.ready, "r1", "r2")
-    more = [(f"h{i}", "p", SARA8) for i in range(3)]
+    more = [(f"h{i}", f"p{10 + i}", SARA8) for i in range(3)]
     assert await store.groups.open_groups(0.0, 2, more, "complete", **floor) == 0
     # a floor at or under the target is no floor
     await store.redis.delete(store.keys.ready)
@@ -109,7 +119,8 @@ async def test_the_work_floor_opens_past_the_target_only_while_less_than_a_batch
 
 async def test_a_lease_reports_room_under_the_work_floor(store):
     """`room` (open_groups could open now) follows the same floor as the opening itself."""
-    await store.groups.open_groups(0.0, 100, [(f"g{i}", "p", SARA8) for i in range(3)],
+    await many_prompts(store)
+    await store.groups.open_groups(0.0, 100, [(f"g{i}", f"p{i}", SARA8) for i in range(3)],
                                    "complete")  # 21/9 expected
     grant = await store.leases.lease_with_policy(0.0, "w", "L", 1, 10.0, 100, None,
                                                  flow_target=2)
@@ -124,12 +135,13 @@ async def test_a_lease_reports_room_under_the_work_floor(store):
 
 
 async def test_lease_says_whether_flow_control_has_room_to_open_groups(store):
+    await many_prompts(store)
     async def room(target):
         return (await store.leases.lease_with_policy(0.0, "w", "L", 1, 10.0, 100, None,
                                               flow_target=target)).room
 
     assert await room(2) is True
-    assert await store.groups.open_groups(0.0, 2, [(f"g{i}", "p", SARA8) for i in range(3)],
+    assert await store.groups.open_groups(0.0, 2, [(f"g{i}", f"p{i}", SARA8) for i in range(3)],
                                    "complete") == 3  # 21/9 of yield: at the target
     assert await room(2) is False and await room(3) is True
     assert await room(0) is False  # not asked
@@ -138,8 +150,9 @@ async def test_lease_says_whether_flow_control_has_room_to_open_groups(store):
 
 
 async def test_the_migration_writes_the_yield_total_a_run_without_one_lacks(store):
+    await many_prompts(store)
     # a namespace from before the total existed has only the open-groups zset
-    assert await store.groups.open_groups(0.0, 2, [(f"g{i}", "p", SARA8) for i in range(3)],
+    assert await store.groups.open_groups(0.0, 2, [(f"g{i}", f"p{i}", SARA8) for i in range(3)],
                                    "complete") == 3
     total = int(await store.redis.get(store.keys.open_yield))
     assert total == 3 * round(SARA8.p_eff_fail[0] * 1e9)
@@ -154,7 +167,8 @@ async def test_the_migration_joins_p_eff_tables_kept_as_a_field_per_entry(store)
     # before the p_eff tables became one JSON list per side, a group stored pf:<n> and ps:<n>
     plan = dataclasses.replace(SARA8, initial_issue=8)
     for gid in ("new", "old"):
-        await store.groups.open_groups(0.0, 100, [(gid, "p", plan)], "complete")
+        await store.prompts.add_prompts([(f"p_{gid}", PromptIn(prompt=gid))], 1.0, 1.0, 0)
+        await store.groups.open_groups(0.0, 100, [(gid, f"p_{gid}", plan)], "complete")
     old = store.keys.group("old")
     fail, succ = (json.loads(x) for x in await store.redis.hmget(old, "pf", "ps"))
     await store.redis.hdel(old, "pf", "ps")
@@ -270,17 +284,27 @@ async def test_heartbeat_extends_every_rollout_of_the_lease(store):
         await store.leases.heartbeat(19.0, "w2", "L1", 29.0, 100)
 
 
-async def _ready_group(store, gid, plan=DS8, outcomes=(1, 0, 1, 1, 0, 1, 0, 1), version=0):
-    await store.groups.open_groups(0.0, 100, [(gid, "p", plan)], "complete")
+async def _ready_group(store, gid, plan=DS8, outcomes=(1, 0, 1, 1, 0, 1, 0, 1), version=0,
+                       prompt="p"):
+    if prompt != "p":
+        await store.prompts.add_prompts([(prompt, PromptIn(prompt=f"q {prompt}"))], 1.0, 1.0, 0)
+    await store.groups.open_groups(0.0, 100, [(gid, prompt, plan)], "complete")
     results = [RolloutResult(rollout_id=f"{gid}:{i}", reward=float(o), policy_version=version)
                for i, o in enumerate(outcomes)]
     return await store.leases.apply_results(1.0, "w", results, list(outcomes), 0.5, 1.0, 1.0, 100.0)
 
 
+async def end_groups(store: Store, *gids: str) -> None:
+    """Mark groups delivered and acked, so their prompt may open another: a prompt has one group
+    in flight at a time, and the tests that follow one prompt over several groups are about its
+    posterior, not about delivery."""
+    await store.redis.hset(store.keys.group_states, mapping={gid: "acked" for gid in gids})
+
+
 async def test_batch_forms_only_when_full_and_is_redelivered_until_acked(store):
-    await _ready_group(store, "a")
+    await _ready_group(store, "a", prompt="pa")
     assert await store.batches.form_batch(2.0, 2, 10.0, 1, None, "b1", 100.0) == ("none", None)
-    await _ready_group(store, "b")
+    await _ready_group(store, "b", prompt="pb")
     assert await store.batches.form_batch(2.0, 2, 10.0, 1, None, "b1", 100.0) == ("new", "b1")
     assert (await store.batches.read_batch("b1"))["groups"] == "a,b"
     assert await store.batches.form_batch(5.0, 2, 15.0, 1, None, "b2", 100.0) == ("none", None)
@@ -296,8 +320,8 @@ async def test_batch_forms_only_when_full_and_is_redelivered_until_acked(store):
 
 
 async def test_stale_groups_are_dropped_at_delivery(store):
-    await _ready_group(store, "old", version=0)
-    await _ready_group(store, "new", version=2)
+    await _ready_group(store, "old", version=0, prompt="p_old")
+    await _ready_group(store, "new", version=2, prompt="p_new")
     await store.policy.publish_policy(1.0, 2, "ckpt-2")
     assert await store.batches.form_batch(2.0, 1, 10.0, 1, None, "b1", 100.0) == ("new", "b1")
     assert (await store.batches.read_batch("b1"))["groups"] == "new"
@@ -344,6 +368,7 @@ async def test_posterior_decays_toward_the_prior_as_the_policy_moves(store):
     _, post = await store.prompts.get_prompt("p")
     assert (post.alpha, post.beta) == (8.0, 2.0)
     await store.policy.publish_policy(1.0, 2, None)
+    await end_groups(store, "a")
     await _ready_group(store, "b", outcomes=(0, 1, 1, 1, 1, 1, 1, 1))
     _, post = await store.prompts.get_prompt("p")
     # decayed by 0.5^2 first: a = 1 + 7/4, b = 1 + 1/4; then 7 successes and 1 failure
@@ -364,6 +389,7 @@ async def test_posterior_halves_per_half_life_in_epochs_of_the_pool_not_per_vers
     post = await _group_at_half_life(store, "a", (1, 1, 1, 1, 1, 0, 0, 0), half_life=1.0)
     assert (post.alpha, post.beta, post.clock) == (6.0, 4.0, 1.0)
     await store.policy.publish_policy(1.0, 50, None)  # versions alone no longer forget (decay 1.0)
+    await end_groups(store, "a")
     post = await _group_at_half_life(store, "b", (1, 1, 1, 1, 1, 0, 0, 0), half_life=1.0)
     assert (post.alpha, post.beta, post.clock) == (1 + 5 / 2 + 5, 1 + 3 / 2 + 3, 2.0)
     assert await store.prompts.pool_clock() == 2.0
@@ -372,6 +398,7 @@ async def test_posterior_halves_per_half_life_in_epochs_of_the_pool_not_per_vers
 async def test_lua_and_python_decay_posteriors_agree_on_the_pool_clock(store):
     post = await _group_at_half_life(store, "a", (1, 0, 1, 1, 0, 1, 0, 1), half_life=3.0)
     # three prompts skipped and one group opened: 4 epochs later, weight 0.5 ** (4 / 3)
+    await end_groups(store, "a")
     post2 = await _group_at_half_life(store, "b", (0,) * 8, half_life=3.0, skipped=3)
     a, b = decay_posterior(post.alpha, post.beta, 1.0, 1.0, 1.0, 0, 3.0,
                            await store.prompts.pool_clock() - post.clock)
@@ -381,8 +408,8 @@ async def test_lua_and_python_decay_posteriors_agree_on_the_pool_clock(store):
 
 
 async def test_garbage_collection_removes_finished_groups(store):
-    await _ready_group(store, "a")
-    await _ready_group(store, "b")
+    await _ready_group(store, "a", prompt="pa")
+    await _ready_group(store, "b", prompt="pb")
     await store.batches.form_batch(2.0, 2, 10.0, 1, None, "b1", 100.0)
     await store.batches.ack(3.0, "b1", 50.0)
     assert await store.groups.collect_garbage(52.0) == 0
@@ -395,7 +422,9 @@ async def test_garbage_collection_removes_finished_groups(store):
 async def test_finished_groups_leave_their_outcome_class_in_the_prompt_history(store):
     await _ready_group(store, "m", outcomes=(1, 0, 1, 0, 1, 0, 1, 0))
     await store.policy.publish_policy(1.0, 1, None)
+    await end_groups(store, "m")
     await _ready_group(store, "f", plan=UNI8, outcomes=(0,) * 8)
+    await end_groups(store, "f")
     await store.groups.open_groups(0.0, 100, [("s", "p", SARA8)], "complete")
     await report(store, "w", [(f"s:{i}", 1) for i in range(4)])
     _, post = await store.prompts.get_prompt("p")
@@ -462,9 +491,10 @@ async def test_upkeep_collects_every_overdue_group_not_one_batch_per_tick(store)
 
 
 async def test_flow_control_counts_every_uniform_group_as_one_delivery(store):
+    await many_prompts(store)
     # uniform delivers saturated groups too: weighting them by p_eff over-opened groups that
     # then went stale waiting for a batch
-    opened = await store.groups.open_groups(0.0, 2, [(f"u{i}", "p", UNI8) for i in range(5)], "complete")
+    opened = await store.groups.open_groups(0.0, 2, [(f"u{i}", f"p{i}", UNI8) for i in range(5)], "complete")
     assert opened == 2
     await report(store, "w", [(f"u0:{i}", 1) for i in range(3)])
     assert await store.redis.zscore(store.keys.open_groups, "u0") == 1.0

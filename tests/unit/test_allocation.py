@@ -495,3 +495,34 @@ def test_settings_accept_an_infinite_half_life_and_the_old_per_version_decay(mon
     monkeypatch.setenv("SARA_POSTERIOR_DECAY", "0.5")
     s = Settings()
     assert s.posterior_half_life == math.inf and s.posterior_decay == 0.5
+
+
+# ------------------------------------------------------------- a lower threshold on failures
+
+
+def test_a_lower_failing_threshold_abandons_an_all_fail_prefix_later():
+    # uniform prior, k = 8: p_eff after n failures (or successes) is (8 - n) / 9
+    both = plan_group("sara", 8, 1.0, 1.0, 0.5)
+    rare = plan_group("sara", 8, 1.0, 1.0, 0.5, tau_fail=0.3)
+    assert (both.after_failures, both.after_successes) == (4, 4)
+    assert (rare.after_failures, rare.after_successes) == (6, 4)   # 2/9 < 0.3 <= 3/9
+    assert rare.initial_issue == 4 and len(rare.p_eff_fail) == 7
+    # the baselines never abandon, whatever the thresholds
+    assert plan_group("dynamic_sampling", 8, 1.0, 1.0, 0.5, tau_fail=0.3).after_failures == 9
+
+
+def test_the_failing_threshold_is_a_probability():
+    with pytest.raises(ValueError, match="tau_fail"):
+        plan_group("sara", 8, 1.0, 1.0, 0.5, tau_fail=1.5)
+
+
+def test_settings_take_the_failing_threshold_with_a_fixed_tau_only():
+    from pydantic import ValidationError
+
+    from sara_service.settings import Settings
+
+    assert Settings(tau_low_fail=0.3).tau_low_fail == 0.3
+    with pytest.raises(ValidationError, match="SARA_TAU_LOW_FAIL"):
+        Settings(tau_low="auto", tau_low_fail=0.3)
+    with pytest.raises(ValidationError, match="SARA_TAU_LOW_FAIL"):
+        Settings(effective="reward", tau_low_fail=0.3)

@@ -25,6 +25,9 @@ class Counters(AnswerModel):
     tokens_generated: int = 0
     groups_opened: int = 0
     groups_skipped: int = Field(0, description="Prompts skipped before any rollout.")
+    prompts_skipped_busy: int = Field(
+        0, description="Prompts passed over when groups opened because a group of theirs was "
+                       "still open, committed or ready: one group per prompt at a time.")
     groups_committed: int = 0
     groups_abandoned: int = 0
     groups_dropped_saturated: int = 0

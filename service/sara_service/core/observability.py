@@ -18,7 +18,7 @@ from ..math.reward_levels import non_binary_warning
 from ..settings import Settings
 from ..store.store import Store
 from ..store.codec import stored_int
-from ..store.run import WorkerRow
+from ..store.run import StatsSnapshot, WorkerRow
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -134,11 +134,29 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
     return out
 
 
-def _warnings(non_binary_reward: float | None, settings: Settings) -> list[str]:
-    """The outcome view's warning once a reward other than 0/1 has arrived."""
-    if non_binary_reward is None or settings.effective != "outcome":
-        return []
-    return [non_binary_warning(non_binary_reward)]
+def small_pool_warning(enabled_prompts: int, batch_size: int) -> str | None:
+    """What to change when the pool cannot fill a batch: a batch holds `batch_size` groups of
+    distinct prompts and a prompt has one group open at a time, so fewer enabled prompts than
+    that never make a batch (None when the pool is large enough)."""
+    if enabled_prompts >= batch_size:
+        return None
+    return (f"only {enabled_prompts} enabled prompts, fewer than SARA_BATCH_SIZE={batch_size}: "
+            "a batch holds groups of distinct prompts and a prompt has one group open at a "
+            "time, so no batch can form; add prompts (sara load, POST /prompts), enable "
+            f"disabled ones, or lower SARA_BATCH_SIZE to at most {enabled_prompts}")
+
+
+def _warnings(snap: StatsSnapshot, settings: Settings) -> list[str]:
+    """The outcome view's warning once a reward other than 0/1 has arrived, and the pool's
+    when it is too small for a batch."""
+    out = []
+    if snap.non_binary_reward is not None and settings.effective == "outcome":
+        out.append(non_binary_warning(snap.non_binary_reward))
+    if snap.enabled_prompts is not None:
+        small = small_pool_warning(snap.enabled_prompts, settings.batch_size)
+        if small:
+            out.append(small)
+    return out
 
 
 async def stats_view(store: Store, settings: Settings, now: float,
@@ -162,5 +180,5 @@ async def stats_view(store: Store, settings: Settings, now: float,
         workers=_workers(snap.workers, now, settings.worker_stale_s),
         recent_batches=snap.recent_batches,
         reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
-        warnings=_warnings(snap.non_binary_reward, settings),
+        warnings=_warnings(snap, settings),
         auto_thresholds=auto.snapshot() if auto is not None else None)

@@ -28,8 +28,9 @@ from sara_client.models import (AckResponse, AddPromptsRequest, AddPromptsRespon
 from ..math.allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
 from .answers import batch_answer, lease_answer
 from .autoprice import AutoPricer
+from .draws import PromptDraws
 from ..errors import Conflict, Unfillable
-from .observability import ds_estimate, read_counters
+from .observability import ds_estimate, read_counters, small_pool_warning
 from ..store.codec import StoredPosterior, stored_int
 from ..store.redis_format import FORMAT_VERSION, split_ids
 from ..math.reward_levels import (
@@ -41,7 +42,7 @@ from ..math.pilot_commit import excluded, pilot_band, plan_pilot
 from ..math.reinforce_ada import keep_slots, plan_rounds, round_rule
 from ..math.selection import (
     DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
-    greso_streak, mopps_levels_score, mopps_score, top_by_score,
+    greso_streak, mopps_levels_score, mopps_score,
 )
 from ..settings import Settings
 from ..store.leases import Opening
@@ -72,13 +73,6 @@ def prompt_id_for(prompt: PromptIn) -> str:
     content = [prompt.task, prompt_json(prompt.prompt), prompt.answer]  # text: ids as before
     digest = hashlib.sha256(json.dumps(content).encode())
     return "p" + digest.hexdigest()[:20]
-
-
-def shuffled(ids: list[str], seed: int) -> list[str]:
-    """A reproducible permutation of `ids` for one epoch."""
-    out = list(ids)
-    random.Random(seed).shuffle(out)
-    return out
 
 
 class Scheduler:
@@ -113,6 +107,8 @@ class Scheduler:
         self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
                                         max_tokens=s.max_tokens)
         self.format_checked = False  # the stored format is this release's (check_format)
+        self.draws = PromptDraws(s, store, self._scores, self._rng)
+        self._pool_warning: str | None = None  # the small-pool warning last logged
 
     def _fixed_plan(self) -> GroupPlan:
         """The plan of every group under a uniform prior and a fixed tau_low."""
@@ -127,7 +123,8 @@ class Scheduler:
         if self.reward_view:
             return plan_levels(s.policy, s.group_size, self._levels, s.prior_alpha,
                                float(s.tau_low))
-        return plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low)
+        return plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low,
+                          tau_fail=s.tau_low_fail)
 
     @property
     def commit(self) -> str:
@@ -334,30 +331,31 @@ class Scheduler:
             return self._prior_plan
         if self.auto is not None:
             return self.auto.plan_for(a, b)
-        return plan_group(s.policy, s.group_size, a, b, s.tau_low)
+        return plan_group(s.policy, s.group_size, a, b, s.tau_low, tau_fail=s.tau_low_fail)
 
-    async def _select_prompts(self, count: int) -> list[str]:
-        """The next `count` prompts: from the epoch queue, or the best of a random pool."""
+    async def _select_prompts(self, count: int) -> tuple[list[str], int]:
+        """The next `count` prompts with no group in flight (core.draws), and the policy
+        version a predictive selection ranked them at (-1 for epoch order)."""
         s = self.settings
         if s.selection in EPOCH_ORDER:
-            return await self.store.prompts.pop_epoch(count, s.seed, shuffled)
-        pool = await self.store.prompts.random_prompts(count * s.selection_pool)
+            return (await self.draws.free_from_epoch(count)).pids, -1
         version = (await self.store.policy.get_policy()).version
-        posts = await self.store.prompts.posteriors(pool)
+        return await self.draws.ranked(count, version), version
+
+    async def _scores(self, pids: list[str], posts: list[StoredPosterior], version: int
+                      ) -> list[float]:
+        """dps's P(mixed) or mopps's Thompson-sampled score of each candidate at `version`."""
+        s = self.settings
         if s.selection == "dps":
             params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
-            history = [p.observations for p in posts]
-            scores = [dps_mixed_probability(dps_observations(obs, s.dps_censored), version, params)
-                      for obs in history]
-        elif self.reward_view:
-            clock = await self.store.prompts.pool_clock()
-            scores = [mopps_levels_score(self._level_alphas(p, version, clock), s.group_size,
-                                         self._rng) for p in posts]
-        else:
-            clock = await self.store.prompts.pool_clock()
-            scores = [mopps_score(*self._posterior_now(p, version, clock), self._rng,
-                                  s.mopps_target) for p in posts]
-        return top_by_score(pool, scores, count, self._rng)
+            return [dps_mixed_probability(dps_observations(p.observations, s.dps_censored),
+                                          version, params) for p in posts]
+        clock = await self.store.prompts.pool_clock()
+        if self.reward_view:
+            return [mopps_levels_score(self._level_alphas(p, version, clock), s.group_size,
+                                       self._rng) for p in posts]
+        return [mopps_score(*self._posterior_now(p, version, clock), self._rng, s.mopps_target)
+                for p in posts]
 
     def _opening(self, max_rollouts: int) -> Opening | None:
         """What a lease needs to open groups itself; None unless every group gets the run's one
@@ -379,18 +377,30 @@ class Scheduler:
         if self.settings.group_sizing == "var_k":   # the split needs its whole draw
             count = self.settings.vk_batch
         for _ in range(SKIP_REDRAWS):
-            pids = await self._select_prompts(count)
+            pids, ranked_at = await self._select_prompts(count)
             if not pids:
+                await self._count_busy(now)
                 return 0
             plans, skipped = await self._plans_for(pids)
             opened = await self.store.groups.open_groups(
                 now, self.flow_target, plans, self.commit, skipped,
-                self.settings.audit_fraction, self.settings.seed, **self.work_floor)
+                self.settings.audit_fraction, self.settings.seed, **self.work_floor,
+                skipped_busy=self.draws.take_busy_count())
+            unopened = [pid for _, pid, _ in plans[opened:]]
             if self.settings.selection in EPOCH_ORDER:
-                await self.store.prompts.unpop_epoch([pid for _, pid, _ in plans[opened:]])
+                await self.store.prompts.unpop_epoch(unopened)
+            else:
+                self.draws.give_back(unopened, ranked_at)
             if plans or not skipped:
                 return opened
         return 0
+
+    async def _count_busy(self, now: float) -> None:
+        """Count the busy prompts a draw passed over when it found nothing to open."""
+        busy = self.draws.take_busy_count()
+        if busy:
+            await self.store.groups.open_groups(now, self.flow_target, [], self.commit, 0,
+                                                skipped_busy=busy)
 
     # --- workers ---------------------------------------------------------------------------------
 
@@ -611,4 +621,16 @@ class Scheduler:
             if done < gc_batch:
                 break
         await self.store.run.prune_workers(now - self.settings.retention_s, gc_batch)
+        await self._check_pool()
         return expired, collected
+
+    async def _check_pool(self) -> None:
+        """Log, once each time it changes, that the pool is too small to fill a batch of distinct
+        prompts (/stats shows it in `warnings` meanwhile). An empty pool is a run whose prompts
+        are not loaded yet: /stats says so, the log does not."""
+        enabled = await self.store.prompts.enabled_count()
+        warning = small_pool_warning(enabled, self.settings.batch_size) if enabled else None
+        if warning != self._pool_warning:
+            if warning:
+                log.warning(warning)
+            self._pool_warning = warning

@@ -173,12 +173,16 @@ def _first_below(table: list[float], tau_low: float, k: int) -> int:
     return k + 1
 
 
-def _thresholds(fail: list[float], success: list[float], k: int, tau_low: float) -> Thresholds:
-    if fail[0] < tau_low:
+def _thresholds(fail: list[float], success: list[float], k: int, tau_low: float,
+                tau_fail: float | None = None) -> Thresholds:
+    """Where each pure side's p_eff first drops below its threshold: `tau_fail` on the failing
+    side when given (a hard prompt's rare success is worth more probes), `tau_low` otherwise."""
+    tau_f = tau_low if tau_fail is None else tau_fail
+    if fail[0] < min(tau_low, tau_f):
         # Not even worth one rollout. (n = 0 is a different formula from n >= 1, so it is
         # checked separately: an informed prior can make n = 0 low and n = 1 high.)
         return Thresholds(0, 0)
-    return Thresholds(_first_below(fail, tau_low, k), _first_below(success, tau_low, k))
+    return Thresholds(_first_below(fail, tau_f, k), _first_below(success, tau_low, k))
 
 
 def abandon_thresholds(k: int, alpha0: float, beta0: float, tau_low: float) -> Thresholds:
@@ -247,7 +251,7 @@ class GroupPlan:
 def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float | str,
                rho: float | None = None, tau_floor: float | None = None,
                pool: object = None, fill: bool = True, allow_skip: bool = False,
-               lengths: object = None) -> GroupPlan:
+               lengths: object = None, tau_fail: float | None = None) -> GroupPlan:
     """The plan for a new group under "uniform", "dynamic_sampling" or "sara".
 
     Baselines never abandon (thresholds k + 1) and issue k at once; only uniform delivers
@@ -258,7 +262,8 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float 
     model's fixed point); tau_floor bounds p_eff at abandonment; allow_skip lets the plan skip
     (off for a plan shared by every fresh prompt: skipping all of them would stall the run).
     `lengths` (an autotau.TokenLengths) prices the "auto" plan in tokens: rho is then tokens
-    per effective group (SARA_AUTO_PRICE=tokens).
+    per effective group (SARA_AUTO_PRICE=tokens). `tau_fail` (fixed tau only) abandons an
+    all-fail prefix below it instead of below tau_low (SARA_TAU_LOW_FAIL).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
@@ -269,17 +274,19 @@ def plan_group(policy: str, k: int, alpha0: float, beta0: float, tau_low: float 
             return _auto_plan(k, a, b, rho, tau_floor, pool, fill, allow_skip, lengths)
         tau_low = 0.0  # the baselines never abandon: any τ gives the same plan
     fail, success = _p_eff_tables(k, a, b)
-    return plan_from_tables(policy, k, fail, success, tau_low)
+    return plan_from_tables(policy, k, fail, success, tau_low, tau_fail)
 
 
 def plan_from_tables(policy: str, k: int, fail: list[float], success: list[float],
-                     tau_low: float) -> GroupPlan:
+                     tau_low: float, tau_fail: float | None = None) -> GroupPlan:
     """The plan of `policy` from p_eff along the two pure sides (entries n = 0..k): SARA's
-    thresholds are where each side first drops below tau_low; the baselines never abandon.
-    `sara_service.math.reward_levels` plans the reward view with it, from the Dirichlet's tables."""
+    thresholds are where each side first drops below tau_low (the failing side's below
+    `tau_fail` when given); the baselines never abandon. `sara_service.math.reward_levels`
+    plans the reward view with it, from the Dirichlet's tables."""
     tau = _unit("tau_low", tau_low)
     if policy == "sara":
-        limits = _thresholds(fail, success, k, tau)
+        limits = _thresholds(fail, success, k, tau,
+                             None if tau_fail is None else _unit("tau_fail", tau_fail))
     else:
         limits = Thresholds(k + 1, k + 1)
     return _plan(policy, k, limits, fail, success)

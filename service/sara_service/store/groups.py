@@ -10,7 +10,7 @@ import orjson
 
 from . import redis_format as rf
 from ..math.allocation import GroupPlan
-from .codec import decode_result, text, texts
+from .codec import StoredPosterior, decode_result, text, texts
 from .errors import unavailable_on_redis_error
 from .keys import rollout_id
 from .redis_format import GroupField
@@ -24,11 +24,14 @@ class GroupStore(ResourceStore):
     async def open_groups(self, now: float, flow_target: int,
                           groups: list[tuple[str, str, GroupPlan]], commit: str,
                           skipped: int = 0, audit_fraction: float = 0.0, seed: int = 0, *,
-                          floor_target: float = 0.0, floor_ready: int = 0) -> int:
+                          floor_target: float = 0.0, floor_ready: int = 0,
+                          skipped_busy: int = 0) -> int:
         """Open (group id, prompt id, plan) in order while flow control allows; returns how many
-        were consumed (opened, or passed over as disabled/deleted): 0 while paused or draining.
-        While fewer than `floor_ready` groups are ready, the target is `floor_target` instead
-        (the work floor, for a lease that found too little work; 0: none).
+        were consumed (opened, or passed over as disabled, deleted or busy: a prompt with a group
+        still in flight): 0 while paused or draining. While fewer than `floor_ready` groups are
+        ready, the target is `floor_target` instead (the work floor, for a lease that found too
+        little work; 0: none). `skipped_busy` counts the busy prompts the caller's draw passed
+        over (prompts_skipped_busy).
 
         About `audit_fraction` of them (chosen by a hash of seed, prompt and visit) run on to k
         where SARA would abandon them, so the run measures what abandoning loses.
@@ -36,7 +39,8 @@ class GroupStore(ResourceStore):
         specs = [rf.group_spec(gid, pid, plan, commit) for gid, pid, plan in groups]
         args = dict(now=now, flow_target=flow_target, specs=orjson.dumps(specs), skipped=skipped,
                     audit_fraction=repr(float(audit_fraction)), seed=seed,
-                    floor_target=repr(float(floor_target)), floor_ready=floor_ready)
+                    floor_target=repr(float(floor_target)), floor_ready=floor_ready,
+                    skipped_busy=skipped_busy)
         return int(await self.runner.run("open_groups", args, more_keys=[
             self.keys.group(gid) for gid, _, _ in groups]))
 
@@ -69,6 +73,17 @@ class GroupStore(ResourceStore):
             return []
         raw = await self.redis.hmget(self.keys.group_states, group_ids)
         return [text(r) if r else None for r in raw]
+
+    @unavailable_on_redis_error
+    async def busy_prompts(self, posts: dict[str, StoredPosterior]) -> set[str]:
+        """The prompts (of `posts`, prompt id -> its posterior) whose newest group is still in
+        flight (redis_format.BUSY_GROUP_STATES): no group may open on them now."""
+        lasts = {post.last_group: pid for pid, post in posts.items() if post.last_group}
+        if not lasts:
+            return set()
+        states = await self.group_state(list(lasts))
+        return {lasts[gid] for gid, state in zip(lasts, states)
+                if state in rf.BUSY_GROUP_STATES}
 
     @unavailable_on_redis_error
     async def collect_garbage(self, now: float, limit: int = 200) -> int:

@@ -126,6 +126,15 @@ class PromptStore(ResourceStore):
         return (int(opened or 0) + int(skipped or 0)) / n if n else 0.0
 
     @unavailable_on_redis_error
+    async def enabled_count(self) -> int:
+        """Prompts groups can open on: registered and not disabled (deleted ones are gone)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hlen(self.keys.prompts)
+        pipe.hvals(self.keys.prompts_off)
+        registered, off = await pipe.execute()
+        return registered - sum(text(state) == "disabled" for state in off)
+
+    @unavailable_on_redis_error
     async def sample_posteriors(self, limit: int) -> list[StoredPosterior]:
         """Every prompt's posterior when there are at most `limit`, else `limit` at random."""
         key = self.keys.posteriors

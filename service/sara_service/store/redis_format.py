@@ -228,6 +228,9 @@ def split_ids(encoded: str, sep: str = " ") -> list[str]:
 # --- states and status words ---------------------------------------------------------------------
 
 GROUP_STATES = ("open", "committed", "ready", "delivered", "acked", "abandoned", "dropped")
+# a prompt whose newest group is in one of these has a group in flight: no other opens on it
+# (lua/_open.lua's BUSY holds the same)
+BUSY_GROUP_STATES = ("open", "committed", "ready")
 DECISIONS = ("commit", "abandon", "continue")
 RUN_STATES = ("paused", "draining")  # the run_state string; absent: running
 OFF_STATES = ("disabled", "deleted")  # the prompts_off hash
@@ -301,7 +304,8 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("refill_epoch", "epoch_queue epoch", "seen_epoch prompt_ids"),
     _spec("open_groups", "stats open_groups ready pending slots group_states group_prompt "
           "posteriors run_state prompts_off open_yield wake",
-          "now flow_target specs skipped audit_fraction seed floor_target floor_ready",
+          "now flow_target specs skipped audit_fraction seed floor_target floor_ready "
+          "skipped_busy",
           more_keys="group",
           library=("open",)),
     _spec("lease", "pending slots inflight stats cancels lease lease_rollouts workers "
@@ -324,7 +328,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("group_results", "", "k", more_keys="group"),
     _spec("migrate_format", "stats policy open_groups open_yield", "renamed max_int"),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
-          "group_states gc run_state open_groups wake",
+          "group_states gc run_state open_groups wake group_prompt",
           "now size ack_deadline max_staleness rollout_cap batch_id retention_s",
           replies=("redeliver", "none", "new")),
     _spec("ack_batch", "batch unacked stats group_states gc", "now batch_id retention_s",

@@ -43,6 +43,7 @@ class StatsSnapshot:
     recent_batches: list[dict[str, Any]]  # newest first
     reward_levels: dict[str, int] = field(default_factory=dict)  # level -> rollouts (reward view)
     non_binary_reward: float | None = None  # the first reward not 0/1 (outcome view's warning)
+    enabled_prompts: int | None = None  # prompts groups can open on (neither disabled nor deleted)
 
 
 class RunStore(ResourceStore):
@@ -124,8 +125,10 @@ class RunStore(ResourceStore):
         pipe.lrange(k.recent_batches, 0, RECENT_BATCHES_SHOWN - 1)
         pipe.hgetall(k.reward_levels)
         pipe.get(k.non_binary_reward)
+        pipe.hlen(k.prompts)
+        pipe.hvals(k.prompts_off)
         (stats, hist, leased, open_scores, ready, unacked, workers, info,
-         recent, levels, non_binary) = await pipe.execute()
+         recent, levels, non_binary, prompts, off) = await pipe.execute()
         per_worker = rf.split_worker_info(texts(info))
         return StatsSnapshot(
             counters=texts(stats),
@@ -136,7 +139,8 @@ class RunStore(ResourceStore):
                      for w, last_seen in workers],
             recent_batches=[json.loads(r) for r in recent],
             reward_levels={a: int(b) for a, b in texts(levels).items()},
-            non_binary_reward=float(non_binary) if non_binary is not None else None)
+            non_binary_reward=float(non_binary) if non_binary is not None else None,
+            enabled_prompts=prompts - sum(text(state) == "disabled" for state in off))
 
     @unavailable_on_redis_error
     async def reward_level_count(self) -> int:

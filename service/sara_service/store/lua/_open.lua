@@ -3,8 +3,8 @@
 -- lease of a uniform-prior run is one call, not four.
 -- open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed, direct) opens the
 -- specs in order while the expected yield stays under the target (both in yield units) and
--- returns how many it consumed (opened, or passed over because the prompt is disabled or
--- deleted: a prefix of the list) and the first `direct` new rollout ids (0 from open_groups.lua):
+-- returns how many it consumed (opened, or passed over because the prompt is disabled, deleted
+-- or busy: a prefix of the list) and the first `direct` new rollout ids (0 from open_groups.lua):
 -- the caller leases those itself, so they are neither queued nor marked pending here (lease.lua
 -- calls it on an empty queue, where they are exactly what its next pop would take).
 -- K names the keys: stats, open (open_groups zset), pending, slots, states (group_states),
@@ -24,11 +24,62 @@ local function audit_draw(audit_fraction, seed, pid, visit)
   return (h / 281474976710656 < audit_fraction) and 1 or 0
 end
 
+-- One group per prompt at a time: a prompt whose latest group (its posterior's `last`) is still
+-- open, committed and filling, or ready and not yet delivered is busy, and is passed over
+-- (consumed, not opened; counted as prompts_skipped_busy). A latest group that is gone (collected,
+-- or lost) leaves the prompt free: the state is read, never a lock that could be left behind.
+local BUSY = {open = true, committed = true, ready = true}
+local function busy_prompts(K, pids, posts)
+  local lasts, owners = {}, {}
+  for _, pid in ipairs(pids) do
+    local post = posts[pid]
+    if post and post.last and not owners[post.last] then
+      lasts[#lasts + 1] = post.last
+      owners[post.last] = pid
+    end
+  end
+  local busy = {}
+  if #lasts == 0 then return busy end
+  local states = redis.call('HMGET', K.states, unpack(lasts))
+  for i, gid in ipairs(lasts) do
+    if states[i] and BUSY[states[i]] then busy[owners[gid]] = true end
+  end
+  return busy
+end
+
+-- Up to `n` prompts from the front of the epoch queue whose last group is not busy, and whether
+-- the queue ran short. Busy ones popped on the way are used up for this pass of the pool (their
+-- group in flight is their turn) and counted; at most `n + spare` are popped in all, so a
+-- queue full of busy prompts costs a bounded call.
+local function pop_free(K, queue, n, spare)
+  local free, popped, skipped = {}, 0, 0
+  while #free < n and popped < n + spare do
+    local want = math.min(n - #free, n + spare - popped)
+    local pids = redis.call('LPOP', queue, want) or {}
+    popped = popped + #pids
+    if #pids > 0 then
+      local raw = redis.call('HMGET', K.posteriors, unpack(pids))
+      local posts = {}
+      for i, pid in ipairs(pids) do posts[pid] = raw[i] and cjson.decode(raw[i]) or false end
+      local busy = busy_prompts(K, pids, posts)
+      for _, pid in ipairs(pids) do
+        if busy[pid] then skipped = skipped + 1 else free[#free + 1] = pid; busy[pid] = true end
+      end
+    end
+    if #pids < want then
+      if skipped > 0 then redis.call('HINCRBY', K.stats, 'prompts_skipped_busy', skipped) end
+      return free, true
+    end
+  end
+  if skipped > 0 then redis.call('HINCRBY', K.stats, 'prompts_skipped_busy', skipped) end
+  return free, false
+end
+
 local function open_specs(K, specs, group_key, target, expected, now, audit_fraction, seed,
                           direct)
   local handed = {}
   if #specs == 0 then return 0, handed end
-  -- what every spec may need, read at once: disabled prompts and posteriors
+  -- what every spec may need, read at once: disabled prompts, posteriors, busy prompts
   local pids = {}
   for i, g in ipairs(specs) do pids[i] = g.pid end
   local off = redis.call('HMGET', K.off, unpack(pids))
@@ -37,12 +88,16 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
   for i, pid in ipairs(pids) do
     if posts[pid] == nil then posts[pid] = raw_posts[i] and cjson.decode(raw_posts[i]) or false end
   end
+  local busy = busy_prompts(K, pids, posts)
   local states, prompts, zadds, slots, pushes = {}, {}, {}, {}, {}
-  local issued, opened, consumed, added = 0, 0, 0, 0
+  local issued, opened, consumed, added, skipped_busy = 0, 0, 0, 0, 0
   for i, g in ipairs(specs) do
     if expected >= target then break end
-    -- consumed, not opened: a disabled or deleted prompt is never opened again
-    if not off[i] then
+    -- consumed, not opened: a disabled or deleted prompt is never opened again; a busy one
+    -- (its group still open, or opened earlier in this call) waits for its next turn
+    if busy[g.pid] and not off[i] then skipped_busy = skipped_busy + 1 end
+    if not off[i] and not busy[g.pid] then
+      busy[g.pid] = true
       -- a plan that delivers saturated groups (uniform) yields a group for every group opened
       local p0 = (g.deliver_sat == 1) and 1 or g.p0
       local post = posts[g.pid]
@@ -82,6 +137,7 @@ local function open_specs(K, specs, group_key, target, expected, now, audit_frac
     end
     consumed = consumed + 1
   end
+  if skipped_busy > 0 then redis.call('HINCRBY', K.stats, 'prompts_skipped_busy', skipped_busy) end
   if opened == 0 then return consumed, handed end
   call_chunked('HSET', K.states, states)
   call_chunked('HSET', K.prompt, prompts)

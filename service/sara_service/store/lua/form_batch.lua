@@ -5,12 +5,14 @@
 -- KEYS[10] = run_state string   KEYS[11] = open_groups zset
 -- KEYS[12] = wake stream: a new batch takes groups off the ready list, which makes room for
 --            new groups (lease long polls wait on it)
+-- KEYS[13] = group_prompt hash: a batch holds groups of distinct prompts; a ready group whose
+--            prompt the batch already holds stays at the front of the ready list for the next
 -- ARGV[1] = now   ARGV[2] = size (groups wanted)   ARGV[3] = ack_deadline   ARGV[4] = max_staleness
 -- ARGV[5] = rollout_cap (per batch; 0 = none)   ARGV[6] = batch_id (new)   ARGV[7] = retention_s
 -- returns {'redeliver', batch id} | {'none'} | {'new', batch id}
 local READY, UNACKED, STATS, POLICY, BATCH = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local BATCH_WINDOW, RECENT_BATCHES, GROUP_STATES, GC = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local RUN_STATE, OPEN_GROUPS, WAKE = KEYS[10], KEYS[11], KEYS[12]
+local RUN_STATE, OPEN_GROUPS, WAKE, GROUP_PROMPT = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local now_text, ack_deadline, batch_id = ARGV[1], ARGV[3], ARGV[6]
 local max_stale, cap, retention = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
 local now, want = tonumber(now_text), tonumber(ARGV[2])
@@ -34,17 +36,25 @@ local closing = (cap > 0 and spent(1) >= cap)
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
 local picked, gids, rollouts = {}, {}, 0
 local dropped, dropped_gc = {}, {}
+local in_batch, deferred = {}, {}   -- prompts the batch holds; entries left for the next batch
 while #picked < want do
   local entries = redis.call('LPOP', READY, want - #picked)
   if not entries then break end
-  for _, entry in ipairs(entries) do
+  local entry_gids = {}
+  for i, entry in ipairs(entries) do entry_gids[i] = string.match(entry, '^(.*)|.*|%d+$') end
+  local pids = redis.call('HMGET', GROUP_PROMPT, unpack(entry_gids))
+  for i, entry in ipairs(entries) do
     local gid, minv, n = string.match(entry, '^(.*)|(.*)|(%d+)$')
+    local pid = pids[i] or gid   -- a group whose prompt is unknown counts as its own
     if minv ~= '' and version - tonumber(minv) > max_stale then
       dropped[#dropped + 1] = gid
       dropped[#dropped + 1] = 'dropped'
       dropped_gc[#dropped_gc + 1] = now + retention
       dropped_gc[#dropped_gc + 1] = gid
+    elseif in_batch[pid] then
+      deferred[#deferred + 1] = entry
     else
+      in_batch[pid] = true
       picked[#picked + 1] = entry
       gids[#gids + 1] = gid
       rollouts = rollouts + tonumber(n)
@@ -56,11 +66,15 @@ if #dropped > 0 then
   call_chunked('ZADD', GC, dropped_gc)
   redis.call('HINCRBY', STATS, 'groups_dropped_stale', #dropped_gc / 2)
 end
-if #picked == 0 or (#picked < want and not closing) then
-  -- back at the front, in their order
+-- entries go back at the front in their order: `entries` first, then the ones before them
+local function push_back(entries)
   local back = {}
-  for i = #picked, 1, -1 do back[#back + 1] = picked[i] end
-  call_chunked('LPUSH', READY, back)
+  for i = #entries, 1, -1 do back[#back + 1] = entries[i] end
+  if #back > 0 then call_chunked('LPUSH', READY, back) end
+end
+push_back(deferred)
+if #picked == 0 or (#picked < want and not closing) then
+  push_back(picked)
   return {'none'}
 end
 

@@ -43,6 +43,8 @@ local expires_at, key_ttl, backend = ARGV[5], ARGV[6], ARGV[7]
 local requeue_limit, flow_target = tonumber(ARGV[8]), tonumber(ARGV[9])
 local plan_json, audit_fraction, seed, group_ids = ARGV[10], tonumber(ARGV[11]), ARGV[12], ARGV[13]
 local floor_target, floor_ready = tonumber(ARGV[14]), tonumber(ARGV[15])
+-- busy prompts one opening may pass over beyond the ones it opens (pop_free in _open.lua)
+local BUSY_SPARE = 64
 
 -- rollouts whose lease ran out go back at the front first (one round trip, not two)
 if requeue_limit > 0 then
@@ -82,17 +84,18 @@ local function open_for_rest()
   local plan, gids = cjson.decode(plan_json), {}
   for gid in string.gmatch(group_ids, '%S+') do gids[#gids + 1] = gid end
   local n = math.min(#gids, math.ceil((want - got) / math.max(1, plan.issue)))
-  local pids = redis.call('LPOP', EPOCH_QUEUE, n) or {}
-  if #pids < n then dry = 1 end
+  local K = {stats = STATS, open = OPEN_GROUPS, pending = PENDING, slots = SLOTS,
+    states = GROUP_STATES, prompt = GROUP_PROMPT, posteriors = POSTERIORS, off = PROMPTS_OFF,
+    yield = OPEN_YIELD, wake = WAKE}
+  -- prompts whose group is still in flight are passed over (one group per prompt at a time)
+  local pids, short = pop_free(K, EPOCH_QUEUE, n, BUSY_SPARE)
+  if short then dry = 1 end
   local specs = {}
   for i, pid in ipairs(pids) do
     local spec = {gid = gids[i], pid = pid}
     for field, value in pairs(plan) do spec[field] = value end
     specs[i] = spec
   end
-  local K = {stats = STATS, open = OPEN_GROUPS, pending = PENDING, slots = SLOTS,
-    states = GROUP_STATES, prompt = GROUP_PROMPT, posteriors = POSTERIORS, off = PROMPTS_OFF,
-    yield = OPEN_YIELD, wake = WAKE}
   -- the queue is empty here (take() popped it dry): the new rollouts it would pop next are
   -- handed over directly instead of queued, marked pending, popped and read back; only those
   -- past what the lease wants are queued, so nothing is left for another take()

@@ -18,6 +18,8 @@
 -- ARGV[6] = seed (of the audit draw)
 -- ARGV[7] = floor_target, ARGV[8] = floor_ready: the work floor (flow_target_units in
 --           _prelude.lua; floor_target 0: none)
+-- ARGV[9] = skipped_busy: prompts the scheduler's draw passed over because a group of theirs was
+--           still in flight (counted only, even while paused: the draw happened)
 -- returns the number of specs consumed (a prefix of the list: the rest did not fit): opened, or
 --         passed over because their prompt is disabled or deleted. 0 while the run is paused or
 --         draining: the check lives here so no replica can open a group after a pause is set.
@@ -28,6 +30,7 @@ local function group_key(i) return KEYS[12 + i] end
 local now, flow_target, specs_json, skipped = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local audit_fraction, seed = tonumber(ARGV[5]), ARGV[6]
 local floor_target, floor_ready = tonumber(ARGV[7]), tonumber(ARGV[8])
+if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', STATS, 'prompts_skipped_busy', ARGV[9]) end
 if redis.call('EXISTS', RUN_STATE) == 1 then return 0 end
 local target = flow_target_units(READY, flow_target, floor_target, floor_ready)
 local specs = cjson.decode(specs_json)
