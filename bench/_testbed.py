@@ -53,6 +53,20 @@ METHODS: dict[str, dict[str, Any]] = {
     # (2 to 8k per prompt), on DS's filter, and under SARA's stopping
     "var_k": {"policy": "dynamic_sampling", "vk_max_groups": 8},
     "sara_var_k": {"policy": "sara", "tau_low": 0.5, "vk_max_groups": 8},
+    # SARA with a lower threshold on the failing side (SARA_TAU_LOW_FAIL): at k = 8 it abandons
+    # after 6 failures instead of 4, keeping more of the hard prompts' rare successes
+    "sara_rare": {"policy": "sara", "tau_low": 0.5, "tau_low_fail": 0.3},
+    "sara_dps_rare": {"policy": "sara", "tau_low": 0.5, "tau_low_fail": 0.3, "selection": "dps"},
+    # DPS's candidates ranked per opening (SARA_SELECTION_RANK=opening) instead of once a version
+    "sara_dps_opening": {"policy": "sara", "tau_low": 0.5, "selection": "dps",
+                         "selection_rank": "opening"},
+    # DPS and MoPPS as their papers run them: every selected group trained, no DS filter
+    "dps_paper": {"policy": "uniform", "selection": "dps"},
+    "mopps_paper": {"policy": "uniform", "selection": "mopps"},
+    # Pilot-Commit against DS and GRPO at its own group size (4k), as its paper compares them
+    "pilot_commit_k32": {"policy": "pilot_commit", "pc_groups": 4},
+    "ds_k32": {"policy": "dynamic_sampling", "k_groups": 4},
+    "uniform_k32": {"policy": "uniform", "k_groups": 4},
 }
 LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched signal",
           "ds": "Dynamic Sampling", "sara": "SARA (τ 0.5)", "sara_auto": "SARA auto",
@@ -60,7 +74,11 @@ LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched sign
           "sara_dps": "SARA + DPS", "greso": "GRESO (DS)", "sara_greso": "SARA + GRESO",
           "reinforce_ada": "Reinforce-Ada", "pilot_commit": "Pilot-Commit",
           "sara_pilot_commit": "SARA + Pilot-Commit", "var_k": "var_k (Knapsack, DS)",
-          "sara_var_k": "SARA + var_k"}
+          "sara_var_k": "SARA + var_k", "sara_rare": "SARA, τ_fail 0.3",
+          "sara_dps_rare": "SARA + DPS, τ_fail 0.3", "sara_dps_opening": "SARA + DPS per opening",
+          "dps_paper": "DPS (paper: no filter)",
+          "mopps_paper": "MoPPS (paper: no filter)", "pilot_commit_k32": "Pilot-Commit (4k)",
+          "ds_k32": "Dynamic Sampling (4k)", "uniform_k32": "uniform (4k)"}
 # the configuration the docs recommend for new runs (docs/benchmarks.md, "The league on the
 # testbed"): `recommended` runs nothing of its own; its records are this key's, relabelled
 RECOMMENDED = "sara"
@@ -70,8 +88,8 @@ LABELS["recommended"] = f"recommended (= {LABELS[RECOMMENDED]})"
 # before this (on the trainer's thread, which paused for each) have no such field; their seconds
 # are not comparable, so a resumed recording does not reuse them
 EVALUATION = "child process"
-# the methods the protocol runs on five seeds; the rest on three
-PRINCIPAL = ("ds", "sara", "sara_dps", "uniform_matched", "recommended")
+# the methods the protocol runs on --seeds (ten for a recording); the rest on --secondary-seeds
+PRINCIPAL = ("ds", "sara", "sara_dps", "sara_history", "recommended")
 STATES = ("all_fail", "mixed", "all_success")
 
 
@@ -108,6 +126,9 @@ class Protocol:
     # a batch is ready, a short lease may open groups up to this many times the flow target, so
     # the engine is not left with SARA's probes alone (1: off)
     work_floor: float = 1.0
+    # every method but DS runs on to this many times `rollouts`, so a cost to DS's final
+    # accuracy up to that multiple of DS's is measured, not cut off at DS's budget
+    others_budget: float = 1.5
 
     @classmethod
     def quick(cls) -> Protocol:
@@ -155,7 +176,26 @@ def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
     seconds = time.perf_counter() - started
     record = _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
     return {**record, "start": warm_start_identity(start), "by_bucket": buckets.counts,
-            "evaluation": EVALUATION}
+            "bucket_shares": bucket_shares_of(history, buckets.bucket_of),
+            "bucket_gains": bucket_gains_of(evals), "evaluation": EVALUATION}
+
+
+def bucket_shares_of(history: list[dict[str, Any]], bucket_of: dict[str, str]
+                     ) -> dict[str, float]:
+    """Each arith bucket's share of the groups the run trained on (the trainer's prompt ids)."""
+    counts = Counter(bucket_of.get(pid, "other") for h in history
+                     for pid in h.get("prompt_ids", []))
+    total = sum(counts.values()) or 1
+    return {bucket: counts[bucket] / total for bucket in sorted(counts)}
+
+
+def bucket_gains_of(evals: list[dict[str, Any]]) -> dict[str, float]:
+    """Each bucket's held-out accuracy gain from the evaluation before RL to the last one."""
+    by = [e.get("accuracy_by_bucket") for e in evals if e.get("accuracy_by_bucket")]
+    if len(by) < 2:
+        return {}
+    first, last = by[0], by[-1]
+    return {bucket: last[bucket] - first[bucket] for bucket in sorted(last) if bucket in first}
 
 
 def warm_start_identity(directory: str | Path) -> dict[str, Any]:
@@ -194,7 +234,8 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
     from sara_demo.config import DemoConfig
 
     spec = METHODS[method]
-    scheduler = {key: spec[key] for key in ("tau_low", "prior", "pc_tau_low") if key in spec}
+    scheduler = {key: spec[key] for key in ("tau_low", "prior", "pc_tau_low", "tau_low_fail",
+                                            "selection_rank") if key in spec}
     # 1 is the scheduler's own default, so leaving it out keeps every other run's config as it was
     if protocol.work_floor != 1.0:
         scheduler["work_floor"] = protocol.work_floor
@@ -208,9 +249,9 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
                          vk_max=spec["vk_max_groups"] * protocol.k,
                          vk_batch=protocol.batch_groups)
     return DemoConfig(
-        seed=seed, out=str(work), progress=False, group_size=protocol.k,
+        seed=seed, out=str(work), progress=False, group_size=protocol.k * spec.get("k_groups", 1),
         batch_groups=protocol.batch_groups, lr=lr, rl_steps=1_000_000, compare=False,
-        rollout_budget=protocol.rollouts, policy=spec["policy"],
+        rollout_budget=run_budget(method, protocol), policy=spec["policy"],
         selection=spec.get("selection", "epoch"),
         eval_every_rollouts=max(1, protocol.rollouts // protocol.evals),
         time_budget_s=protocol.time_budget_s, batch_timeout_s=120.0,
@@ -219,6 +260,23 @@ def _demo_config(method: str, seed: int, lr: float, protocol: Protocol, work: Pa
         # per-step overhead is then what a trainer publishing each step pays
         trainer_options={"checkpoint_every": 1_000_000, "publish_every": 1},
         scheduler_options=scheduler)
+
+
+def run_budget(method: str, protocol: Protocol) -> int:
+    """The rollouts a run of `method` may spend: DS's budget for DS, others_budget times it for
+    the rest."""
+    if method == "ds":
+        return protocol.rollouts
+    return int(round(protocol.rollouts * protocol.others_budget))
+
+
+def group_rollouts(method: str, protocol: Protocol) -> int | None:
+    """Rollouts in a delivered group of `method`: k, k_groups x k (DS and uniform at a larger
+    size), Pilot-Commit's whole committed groups (pc_groups x k); var_k's vary (None)."""
+    spec = METHODS[method]
+    if "vk_max_groups" in spec:
+        return None
+    return spec.get("pc_groups", spec.get("k_groups", 1)) * protocol.k
 
 
 def _load(directory: str):
@@ -336,10 +394,9 @@ def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, s
             "groups_opened": counters.groups_opened,
             "groups_delivered": sum(h["groups"] for h in history),
             "groups_mixed": sum(h["groups_mixed"] for h in history),
-            # rollouts in a delivered group: k, except Pilot-Commit's whole committed groups
-            # (var_k's vary: None); rollouts_mixed counts them all
-            "group_rollouts": (None if "vk_max_groups" in METHODS[method]
-                               else METHODS[method].get("pc_groups", 1) * protocol.k),
+            # rollouts in a delivered group (group_rollouts); rollouts_mixed counts them all
+            "group_rollouts": group_rollouts(method, protocol),
+            "budget": run_budget(method, protocol),
             "rollouts_mixed": sum(h.get("rollouts_mixed", 0) for h in history),
             "batch_sizes": sorted({h["groups"] for h in history}),
             "seconds": round(seconds, 1), "curve": curve,
@@ -348,4 +405,4 @@ def _record(method: str, seed: int, lr: float, split: str, protocol: Protocol, s
             "accuracy_by_bucket": [e.get("accuracy_by_bucket") for e in evals],
             "problems_by_bucket": evals[0].get("problems_by_bucket") if evals else None,
             "transitions": evaluator.transitions(),
-            "trained": trained_summary(history, protocol.k)}
+            "trained": trained_summary(history, group_rollouts(method, protocol) or protocol.k)}

@@ -9,7 +9,8 @@
    ``--select-seeds`` runs (mean over those seeds); ``--lr METHOD=LR,...`` fixes some instead.
    With a one-value grid every method uses it and nothing is chosen.
 2. **Runs.** Every method on every seed of ``--seeds`` (``--secondary-seeds``, when given, for the
-   methods outside ``ds, sara, sara_dps, uniform_matched``), judged on the held-out test split,
+   methods outside ``ds, sara, sara_dps, sara_history, recommended``), judged on the held-out
+   test split, each method but DS to ``--others-budget`` times DS's rollouts,
    seed by seed so that a cut-short run still compares methods on the same seeds.
 3. **Figures.** ``PREFIX.json`` (``{"runs": [...], "lr_selection": ..., "summary": ...,
    "criteria": ..., "targets": ...}``, each run with its ``curve``), ``PREFIX.txt`` (header and
@@ -42,8 +43,8 @@ from sara_demo.testbed import verified_testbed
 from _provenance import git_state
 from _testbed import EVALUATION, LABELS, METHODS, PRINCIPAL, RECOMMENDED, Protocol, run_one, \
     warm_start_identity
-from _testbed_report import chart, criteria, final_accuracy, format_report, method_summary, \
-    target_ratios
+from _testbed_report import K32_ARM, arm_summary, chart, criteria, final_accuracy, \
+    format_report, method_summary, target_ratios
 
 # 5e-4 tops it because on the 1,000 pool five of nine keys chose that grid's top value (3e-4)
 DEFAULT_GRID = "1e-4,2e-4,3e-4,5e-4"
@@ -81,6 +82,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "quick 1)")
     p.add_argument("--work-floor", type=float, default=None,
                    help="the scheduler's work floor, every method (default 1: off)")
+    p.add_argument("--k", type=int, default=None,
+                   help="rollouts per group (default 8; the k = 16 arm: --k 16)")
+    p.add_argument("--others-budget", type=float, default=None,
+                   help="every method but DS runs to this many times --rollouts (default 1.5), "
+                        "so ratios to DS up to it are measured, not censored")
     p.add_argument("--quick", action="store_true", help="CI size (see Protocol.quick)")
     p.add_argument("--out", default=None, help="output PREFIX (default bench/results/testbed, "
                    "or a temporary one with --quick)")
@@ -105,6 +111,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for flag in ("prefetch_batches", "max_staleness", "evals", "pool_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.k is not None and args.k < 2:
+        p.error("--k must be at least 2")
+    if args.others_budget is not None and args.others_budget < 1.0:
+        p.error("--others-budget must be at least 1 (DS's budget)")
     if args.work_floor is not None and not 1.0 <= args.work_floor <= 16.0:
         p.error("--work-floor must be between 1 and 16")
     if set(args.lr) - set(METHODS):
@@ -117,7 +127,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 CODE_PATHS = ("service", "client", "worker", "trainer", "demo")
 
 # protocol fields added after runs were recorded, with the value those runs had
-ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1, "work_floor": 1.0}
+ADDED_FIELDS = {"prefetch_batches": 1, "max_staleness": 1, "work_floor": 1.0,
+                "others_budget": 1.0}
 
 
 # the split a run is judged on is the only one it reads: a validation run never evaluates the
@@ -217,7 +228,8 @@ def protocol_of(args: argparse.Namespace) -> Protocol:
     protocol = Protocol.quick() if args.quick else Protocol()
     given = {name: getattr(args, name) for name in ("rollouts", "pool_size", "test_size",
                                                     "val_size", "evals", "prefetch_batches",
-                                                    "max_staleness", "work_floor")
+                                                    "max_staleness", "work_floor", "k",
+                                                    "others_budget")
              if getattr(args, name)}
     return Protocol(**{**asdict(protocol), **given})
 
@@ -244,7 +256,7 @@ def main(argv: list[str]) -> int:
 def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], protocol: Protocol,
                   runs: list[dict[str, Any]], chosen: dict[str, Any], seconds: float) -> None:
     summary = [method_summary(runs, m, protocol.rollouts) for m in args.methods]
-    crit, goals = criteria(runs), target_ratios(summary)
+    crit, goals = criteria(runs), target_ratios(summary, runs)
     # a resumed recording's invocation is short; the runs' own times say what it cost
     recorded_s = sum(r["seconds"] for r in runs)
     text = header(argv, protocol, chosen, seconds, recorded_s, runs) + \
@@ -257,7 +269,8 @@ def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], proto
     prefix.with_suffix(".json").write_bytes(orjson.dumps(
         {"argv": argv, "code": git_state(CODE_PATHS),
          "protocol": asdict(protocol), "lr_selection": chosen, "summary": summary,
-         "criteria": crit, "targets": goals, "runs": runs},
+         "criteria": crit, "targets": goals, "k32_arm": arm_summary(runs, "ds_k32", K32_ARM),
+         "runs": runs},
         option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS) + b"\n")
     drew = chart(runs, prefix.with_suffix(".png"))
     say(f"wrote {prefix.with_suffix('.json')}, {prefix.with_suffix('.txt')}"
@@ -284,7 +297,8 @@ def header(argv: list[str], protocol: Protocol, chosen: dict[str, Any], seconds:
         f"{protocol.rollouts:,} rollouts a run, pool {protocol.pool_size} prompts, test "
         f"{protocol.test_size}, validation {protocol.val_size}, probe {protocol.probe_size}, "
         f"prefetch {protocol.prefetch_batches} batches, max staleness {protocol.max_staleness}, "
-        f"work floor {protocol.work_floor:g}",
+        f"work floor {protocol.work_floor:g}, methods other than DS to "
+        f"{protocol.others_budget:g}x its budget",
         f"lr:        {lrs}", f"start:     {start}", "", ""])
 
 

@@ -23,6 +23,9 @@ from typing import Any
 from _stats import first_crossing, mean_ci, value_at
 from _testbed_trained import format_trained
 
+# the Pilot-Commit arm (bench/_testbed.py's K32_ARM): its groups of 4k against DS and GRPO at 4k
+K32_ARM = ("pilot_commit_k32", "ds_k32", "uniform_k32")
+
 COSTS = ("rollouts", "tokens", "generation_s", "training_s")
 # the optimizer step at which the report also compares accuracy (every full run passes it)
 EQUAL_STEPS = 100
@@ -182,11 +185,14 @@ def _named_misses(found: dict[str, dict[str, Any]], unit: str) -> str:
         for m, d in found.items())
 
 
-def target_ratios(summary: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's three targets, from the summary: each ratio with its interval and verdict."""
+def target_ratios(summary: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    """The targets, from the summary: each ratio with its interval and verdict; with `runs`,
+    also SARA + DPS's final accuracy against DS's, the busiest prompt against DS's, and the
+    configuration `recommended` should name."""
     by = {s["method"]: s for s in summary}
     out: dict[str, Any] = {}
-    for method, bound in (("sara", 0.8), ("sara_dps", 0.5)):
+    for method, bound in (("sara", 0.8), ("sara_dps", 0.6), ("recommended", 0.5)):
         if method in by:
             mean, half, n = by[method]["ds_final_rollouts_ratio"]
             low, low_half, seeds, missed = by[method]["ds_final_rollouts_ratio_at_least"]
@@ -198,12 +204,109 @@ def target_ratios(summary: list[dict[str, Any]]) -> dict[str, Any]:
                 "seeds_not_reached": missed,
                 "met": bool(missed == 0 and mean == mean and mean + half <= bound),
                 "met_at_mean": bool(missed == 0 and mean == mean and mean <= bound)}
+    if "recommended_vs_ds" in out:   # its interval's upper end must also stay below 0.8
+        rec = out["recommended_vs_ds"]
+        rec["met"] = bool(rec["met_at_mean"] and rec["ratio"] + rec["ci95"] < 0.8)
+    if runs is not None:
+        out.update(final_against_ds(runs, "sara_dps", points=0.01))
+        out["busiest_prompt"] = busiest_against_ds(runs)
+        out["recommend"] = recommend(summary)
     if "sara" in by and "uniform_matched" in by:
         sara, matched = by["sara"]["ds_final_rollouts"], by["uniform_matched"]["ds_final_rollouts"]
         out["sara_below_uniform_matched"] = {
             "sara": sara[:2], "uniform_matched": matched[:2],
             "met": bool(sara[0] == sara[0] and (matched[0] != matched[0] or sara[0] < matched[0]))}
     return out
+
+
+def final_against_ds(runs: list[dict[str, Any]], method: str, points: float
+                     ) -> dict[str, Any]:
+    """Whether `method` ends within `points` of DS's final accuracy or above it: the per-seed
+    gap (method's final minus DS's), its mean and 95% interval; met when the interval's lower
+    end is above -points."""
+    gaps = []
+    for r in runs:
+        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        if r["method"] == method and ds is not None:
+            gaps.append(final_accuracy(r) - final_accuracy(ds))
+    if not gaps:
+        return {}
+    mean, half = mean_ci(gaps)
+    return {f"{method}_final_vs_ds": {"gap": mean, "ci95": half, "seeds": len(gaps),
+                                      "bound": -points, "met": bool(mean - half >= -points),
+                                      "met_at_mean": bool(mean >= -points)}}
+
+
+def busiest_against_ds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method, the largest ratio over seeds of its busiest prompt's trained groups to DS's
+    busiest in the same seed; met when no method's exceeds 2."""
+    worst: dict[str, float] = {}
+    for r in runs:
+        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        mine, base = (x.get("trained") or {} for x in (r, ds or {}))
+        if r["method"] != "ds" and mine.get("most_groups_one_prompt") and base.get(
+                "most_groups_one_prompt"):
+            ratio = mine["most_groups_one_prompt"] / base["most_groups_one_prompt"]
+            worst[r["method"]] = max(worst.get(r["method"], 0.0), ratio)
+    return {"worst_ratio": worst, "bound": 2.0,
+            "met": bool(worst) and all(v <= 2.0 for v in worst.values()),
+            "over": sorted(m for m, v in worst.items() if v > 2.0)}
+
+
+def recommend(summary: list[dict[str, Any]], share: float = 0.8) -> dict[str, Any]:
+    """The configuration `recommended` should name: fewest rollouts to DS's final accuracy (the
+    mean per-seed ratio) among the methods that reach it on at least `share` of their seeds."""
+    eligible = {}
+    for e in summary:
+        mean, _, reached = e["ds_final_rollouts_ratio"]
+        seeds = len(e["seeds"])
+        if e["method"] not in ("ds", "recommended") and seeds and reached / seeds >= share \
+                and mean == mean:
+            eligible[e["method"]] = mean
+    best = min(eligible, key=eligible.get) if eligible else None
+    return {"method": best, "ratio": eligible.get(best), "eligible": eligible, "share": share}
+
+
+def arm_summary(runs: list[dict[str, Any]], reference: str, members: tuple[str, ...]
+                ) -> list[dict[str, Any]]:
+    """An arm compared within itself (the Pilot-Commit arm at its group size): each member's
+    final accuracy, and its rollouts to `reference`'s final accuracy per seed over the
+    reference's, with the seeds that reached it."""
+    out = []
+    for method in members:
+        mine = [r for r in runs if r["method"] == method]
+        if not mine:
+            continue
+        ratios, reached = [], 0
+        for r in mine:
+            ref = next((d for d in runs if d["method"] == reference and d["seed"] == r["seed"]),
+                       None)
+            if ref is None:
+                continue
+            target = final_accuracy(ref)
+            base, value = cost_to(ref, target, "rollouts"), cost_to(r, target, "rollouts")
+            if value is not None and base:
+                reached += 1
+                ratios.append(value / base)
+        out.append({"method": method, "label": mine[0]["label"], "seeds": len(mine),
+                    "final_accuracy": mean_ci([final_accuracy(r) for r in mine]),
+                    "ratio_to_reference": (*mean_ci(ratios), reached), "reference": reference})
+    return out
+
+
+def format_arm(arm: list[dict[str, Any]]) -> str:
+    """The arm's table; "" when none of its methods ran."""
+    if not arm:
+        return ""
+    ref = arm[0]["reference"]
+    head = f"{'method':<24}{'final %':>16}{f'x {ref} to its final':>26}{'reached':>10}"
+    lines = [f"the arm at its own group size (ratios to {ref}, mean ± 95% CI over seeds)", head,
+             "-" * len(head)]
+    for e in arm:
+        ratio = e["ratio_to_reference"]
+        lines.append(f"{e['label']:<24}{_ci(e['final_accuracy'], 100, '.1f'):>16}"
+                     f"{_ci(ratio, 1, '.2f'):>26}{ratio[2]:>5}/{e['seeds']:<4}")
+    return "\n".join(lines)
 
 
 def _ci(v: tuple, scale: float = 1.0, fmt: str = ",.0f") -> str:
@@ -247,7 +350,8 @@ def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
                   runs: list[dict[str, Any]]) -> str:
     """The whole text report after the header: tables, criteria, then one line per run."""
     extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs),
-                         format_trained(runs)) if t]
+                         format_trained(runs),
+                         format_arm(arm_summary(runs, "ds_k32", K32_ARM))) if t]
     return "\n\n".join([format_tables(summary, crit), format_runs(runs), *extra])
 
 
@@ -367,10 +471,10 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
     except ImportError:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
-    # tab10's distinct hues but its gray (the probe panel's), then tab20's paler ones: the league
-    # has seventeen keys
+    # tab10's distinct hues but its gray (the probe panel's), then tab20's paler ones, then
+    # tab20b's: the league has some two dozen keys
     palette = [c for i, c in enumerate(plt.cm.tab10.colors) if i != 7] + \
-        list(plt.cm.tab20.colors[1::2])
+        list(plt.cm.tab20.colors[1::2]) + list(plt.cm.tab20b.colors)
     colors = method_colors({r["method"] for r in runs}, palette)
     for method in colors:
         mine = [r for r in runs if r["method"] == method]

@@ -98,7 +98,8 @@ from _pools import (  # noqa: E402  (bench/ is not a package)
 from sara_client.limits import MAX_RESULTS_PER_CALL, MAX_ROLLOUTS_PER_LEASE  # noqa: E402
 from sara_client.models import Rollout, SamplingParams  # noqa: E402
 from sara_service.math.allocation import plan_group  # noqa: E402  (flow-control weights only)
-from sara_service.core.scheduler import shuffled  # noqa: E402  (the epoch order, to mirror it)
+# the epoch order and the bound on busy prompts a draw passes over, to mirror them
+from sara_service.core.draws import BUSY_SPARE, shuffled  # noqa: E402
 from sara_service.math.selection import (  # noqa: E402
     DpsParams, dps_mixed_probability, dps_observations, mopps_score, top_by_score,
 )
@@ -252,7 +253,7 @@ class Config:
     # 0: the allocation rule alone, as the exact expectations assume; > 0 measures audit sampling
     audit_fraction: float = 0.0
     dps_decay: float = 0.5
-    selection_pool: int = 8
+    selection_lambda: int = 8
     tau_skip: float = 0.1
     drift: float = DEFAULT_DRIFT
     model_reps: int = 3
@@ -296,7 +297,7 @@ class Config:
                     work_floor=1.0, max_staleness=self.max_staleness, posterior_decay=decay,
                     posterior_half_life=half_life, dps_censored=method.dps_censored,
                     audit_fraction=self.audit_fraction,
-                    dps_decay=self.dps_decay, selection_pool=self.selection_pool,
+                    dps_decay=self.dps_decay, selection_lambda=self.selection_lambda,
                     seed=self.seed if seed is None else seed, max_tokens=MAX_TOKENS,
                     # nothing may expire while a slow machine works through a round
                     lease_ttl_s=3600.0, batch_ack_timeout_s=3600.0, retention_s=7200.0)
@@ -622,6 +623,14 @@ class _Plan:
         return self.thr_f == 0 and self.thr_s == 0
 
 
+YIELD_UNIT = 10**9   # flow control's unit, lua/_prelude.lua's YIELD_UNIT
+
+
+def _units(p: float) -> int:
+    """A score in flow control's units, rounded as lua/_prelude.lua's yield_units rounds it."""
+    return math.floor(p * YIELD_UNIT + 0.5)
+
+
 class ModelService:
     """A pure-Python scheduler written from docs/architecture.md: the same API as `ServiceApi`,
     no Redis.
@@ -657,6 +666,8 @@ class ModelService:
                   "groups_dropped_stale": 0, "groups_dropped_saturated": 0,
                   "groups_audited": 0, "audits_mixed": 0, "audits_pure": 0}
         self.visits: dict[str, int] = {}                          # groups opened per prompt
+        self.last: dict[str, str] = {}                            # prompt -> its newest group
+        self.round: tuple[int, list[str]] = (-1, [])              # dps/mopps: a ranked round
         self.prior_plan = self._plan(1.0, 1.0)
         self._n = 0
 
@@ -734,31 +745,89 @@ class ModelService:
 
     # --- selection and opening
 
+    def _busy(self, pid: str) -> bool:
+        """One group per prompt at a time: the prompt's newest group is open, committed or
+        ready (delivered groups leave `groups`; abandoned and dropped ones are done)."""
+        g = self.groups.get(self.last.get(pid, ""))
+        return g is not None and g.state in ("open", "committed", "ready")
+
+    def _pop_free(self, count: int, refill: bool, taken: list[str]) -> bool:
+        """Pop prompts from the epoch queue into `taken` until it holds `count`, passing over
+        busy ones (and ones already taken), at most count + 64 pops; with `refill` (the
+        scheduler's draw), start the next epoch whenever the queue runs dry, as each of its
+        epoch pops may. False when the queue ran short."""
+        popped = 0
+        while len(taken) < count and popped < count + BUSY_SPARE:
+            if not self.queue:
+                if not refill:
+                    return False
+                self.queue.extend(shuffled(sorted(self.pool.ids),
+                                           self.seed * 1_000_003 + self.epoch))
+                self.epoch += 1
+            pid = self.queue.popleft()
+            popped += 1
+            if self._busy(pid):
+                self.c["prompts_skipped_busy"] = self.c.get("prompts_skipped_busy", 0) + 1
+            elif pid not in taken:
+                taken.append(pid)
+        return True
+
     def _pop_epoch(self, count: int) -> list[str]:
-        got = [self.queue.popleft() for _ in range(min(count, len(self.queue)))]
-        if len(got) < count:
-            self.queue.extend(shuffled(sorted(self.pool.ids), self.seed * 1_000_003 + self.epoch))
-            self.epoch += 1
-            got += [self.queue.popleft() for _ in range(min(count - len(got), len(self.queue)))]
+        """The scheduler's draw in epoch order (core/draws.py's free_from_epoch)."""
+        got: list[str] = []
+        self._pop_free(count, True, got)
         return got
 
     def _select(self, count: int, clock: float) -> list[str]:
         if self.m.selection == "epoch":
             return self._pop_epoch(count)
-        ids = self.pool.ids
-        pool = self.pick_rng.sample(ids, min(len(ids), count * self.cfg.selection_pool))
-        if self.m.selection == "dps":
-            params = DpsParams(decay=self.cfg.dps_decay, prior=1.0)
-            scores = [dps_mixed_probability(dps_observations(self.obs[p], self.m.dps_censored),
-                                            self.version, params) for p in pool]
-        else:
-            scores = [mopps_score(*self._posterior_now(p, clock), self.rng, 0.5) for p in pool]
-        return top_by_score(pool, scores, count, self.rng)
+        # the ranked rounds of core/draws.py at SARA_SELECTION_RANK=version: lambda x B free
+        # candidates from the epoch, the best B kept, a new round at each policy version
+        if self.round[0] != self.version:
+            self.round = (self.version, [])
+        out: list[str] = []
+        for _ in range(math.ceil(count / self.cfg.batch_size) + 2):
+            want = count - len(out)
+            out += self.round[1][:want]
+            del self.round[1][:want]
+            if len(out) >= count:
+                break
+            pool: list[str] = []
+            self._pop_free(self.cfg.selection_lambda * self.cfg.batch_size, True, pool)
+            pool = [p for p in pool if p not in out]
+            if not pool:
+                break
+            if self.m.selection == "dps":
+                params = DpsParams(decay=self.cfg.dps_decay, prior=1.0)
+                scores = [dps_mixed_probability(dps_observations(self.obs[p], self.m.dps_censored),
+                                                self.version, params) for p in pool]
+            else:
+                scores = [mopps_score(*self._posterior_now(p, clock), self.rng, 0.5) for p in pool]
+            self.round[1].extend(top_by_score(pool, scores, self.cfg.batch_size, self.rng))
+        return out
 
     def _open(self, wanted: int) -> int:
-        count = min(self.target, math.ceil(wanted / max(1, self.prior_plan.issue)))
+        per_group = max(1, self.prior_plan.issue)
+        count = min(self.target, math.ceil(wanted / per_group))
         clock = self._clock()  # read once, before this call's skips move it (as the service)
-        pids = self._select(count, clock)
+        if self._full():
+            return 0   # flow control has no room: nothing is drawn (the lease script says so)
+        if not self.m.exact:
+            return self._open_chosen(self._planned(self._select(count, clock), clock))
+        # one plan for every group: the lease script opens groups on the free prompts its queue
+        # holds; only when the queue ran short (and flow control has room) does the scheduler
+        # start the next epoch and open the rest, for what the lease still lacks
+        got: list[str] = []
+        full = self._pop_free(count, False, got)
+        opened = self._open_chosen([(pid, self.prior_plan) for pid in got])
+        rest = wanted - min(wanted, opened * per_group)
+        if full or opened < len(got) or rest <= 0 or self._full():
+            return opened
+        more: list[str] = []
+        self._pop_free(min(self.target, math.ceil(rest / per_group)), True, more)
+        return opened + self._open_chosen([(pid, self.prior_plan) for pid in more])
+
+    def _planned(self, pids: list[str], clock: float) -> list[tuple[str, _Plan]]:
         chosen = []
         for pid in pids:
             plan = self.prior_plan if self.m.prior == "uniform" else self._plan(
@@ -767,13 +836,24 @@ class ModelService:
                 self.c["groups_skipped"] += 1
             else:
                 chosen.append((pid, plan))
-        # summed as the Lua script sums: queue length, then scores in ascending order
-        expected = float(len(self.ready))
-        for score in sorted(self.open.values()):
-            expected += score
+        return chosen
+
+    def _expected(self) -> int:
+        """Flow control's measure as the Lua scripts keep it (lua/_prelude.lua): ready groups
+        and open groups' scores in units of 1e-9 groups, each score rounded alone, so sums are
+        exact in any order."""
+        return len(self.ready) * YIELD_UNIT + sum(_units(score) for score in self.open.values())
+
+    def _full(self) -> bool:
+        return self._expected() >= self.target * YIELD_UNIT
+
+    def _open_chosen(self, chosen: list[tuple[str, _Plan]]) -> int:
+        """Open the chosen prompts in order while flow control allows; the rest go back (to the
+        epoch queue's front, or first in the ranked round)."""
+        expected = self._expected()
         opened = 0
         for pid, plan in chosen:
-            if expected >= self.target:
+            if expected >= self.target * YIELD_UNIT:
                 break
             self._n += 1
             visit = self.visits.get(pid, 0)
@@ -782,13 +862,17 @@ class ModelService:
                        issued=plan.issue, p_eff=plan.pf[0],
                        audit=audit_draw(self.seed, pid, visit, self.cfg.audit_fraction))
             self.groups[g.gid] = g
+            self.last[pid] = g.gid
             self.open[g.gid] = self._weight(g.p_eff)
             self.pending.extend((g.gid, slot) for slot in range(plan.issue))
             self.c["groups_opened"] += 1
-            expected += self._weight(g.p_eff)
+            expected += _units(self._weight(g.p_eff))
             opened += 1
+        unopened = [pid for pid, _ in chosen[opened:]]
         if self.m.selection == "epoch":
-            self.queue.extendleft(reversed([pid for pid, _ in chosen[opened:]]))
+            self.queue.extendleft(reversed(unopened))
+        else:
+            self.round[1][:0] = unopened
         return opened
 
     # --- the API
@@ -1657,7 +1741,7 @@ def header(cfgs: list[Config], methods: list[str], argv: list[str], seconds: flo
         f"max_staleness {cfg.max_staleness}, posterior_decay {cfg.posterior_decay} per version "
         f"and posterior_half_life {cfg.posterior_half_life:g} epochs (history, MoPPS; the "
         f"'old' rows: 0.5 per version, no half-life, hard DPS labels), "
-        f"dps_decay {cfg.dps_decay}, selection_pool {cfg.selection_pool}, "
+        f"dps_decay {cfg.dps_decay}, selection_lambda {cfg.selection_lambda}, "
         f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}",
         f"methods:   {', '.join(methods)}",
         "",

@@ -4,6 +4,7 @@ matched batch size, resuming) and a CI-size run of every method through the prod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -205,10 +206,23 @@ def test_methods_differ_only_in_their_scheduler_settings(tmp_path):
         ("dynamic_sampling", "epoch", (("group_sizing", "var_k"), ("vk_batch", 16),
                                        ("vk_max", 64), ("vk_min", 2))),
         ("sara", "epoch", (("group_sizing", "var_k"), ("tau_low", 0.5), ("vk_batch", 16),
-                           ("vk_max", 64), ("vk_min", 2)))}
-    shared = {(c.seed, c.lr, c.batch_groups, c.group_size, c.rollout_budget,
-               tuple(sorted(c.trainer_options.items()))) for c in configs.values()}
+                           ("vk_max", 64), ("vk_min", 2))),
+        # SARA with a lower threshold on the failing side, alone and with DPS
+        ("sara", "epoch", (("tau_low", 0.5), ("tau_low_fail", 0.3))),
+        ("sara", "dps", (("tau_low", 0.5), ("tau_low_fail", 0.3))),
+        ("sara", "dps", (("selection_rank", "opening"), ("tau_low", 0.5))),
+        # DPS and MoPPS as their papers run them (no filter), and the arm at 4k
+        ("uniform", "dps", ()), ("uniform", "mopps", ())}
+    shared = {(c.seed, c.lr, c.batch_groups, tuple(sorted(c.trainer_options.items())))
+              for c in configs.values()}
     assert len(shared) == 1
+    # DS runs to the budget, every other method to others_budget times it; the arm at 4k
+    assert {m: c.rollout_budget for m, c in configs.items() if c.rollout_budget
+            == protocol.rollouts} == {"ds": protocol.rollouts}
+    assert {c.rollout_budget for m, c in configs.items() if m != "ds"} == {165_000}
+    assert {m for m, c in configs.items() if c.group_size != protocol.k} == {"ds_k32",
+                                                                            "uniform_k32"}
+    assert configs["ds_k32"].group_size == 32 and configs["ds_k32"].policy == "dynamic_sampling"
 
 
 def test_mixed_groups_are_counted_in_groups_of_k_whatever_their_size():
@@ -354,12 +368,14 @@ def test_a_run_is_matched_on_the_split_it_read_not_the_other_splits_size(tmp_pat
         assert rec.find("ds", 0, 1e-4, split, testbed.Protocol(test_size=8000, k=4)) is None
 
 
-def test_the_default_command_finds_every_run_of_the_recording():
-    # the recorded bench/results/testbed.* is the defaults' protocol and grid, so the documented
-    # command (no protocol flags) resumes it instead of running it again
+def test_the_recorded_command_finds_every_run_of_the_recording():
+    # the recorded bench/results/testbed.* is the defaults' protocol and grid but for its
+    # methods stopping at DS's budget (recorded before others_budget), so its documented command
+    # resumes it instead of running it again
     path = BENCH / "results" / "testbed.runs.jsonl"
     runs = [json.loads(line) for line in path.read_text().splitlines()]
-    protocol = cli.protocol_of(cli.parse_args([]))
+    protocol = cli.protocol_of(cli.parse_args(["--others-budget", "1"]))
+    assert protocol == dataclasses.replace(cli.protocol_of(cli.parse_args([])), others_budget=1.0)
     rec = cli.Recorder(path, fresh=False)
     for run in runs:
         assert rec.find(run["method"], run["seed"], run["lr"], run["split"], protocol) is not None, \
@@ -454,10 +470,10 @@ def test_the_chart_draws_every_method_of_the_eleven_and_more(tmp_path):
 
 
 def test_ds_is_drawn_first_in_black_and_no_two_methods_share_a_colour():
-    palette = [(i / 20, 0.5, 0.5) for i in range(19)]
+    palette = [(i / 40, 0.5, 0.5) for i in range(len(testbed.METHODS) - 1)]
     colors = report.method_colors(set(testbed.METHODS), palette)
     assert next(iter(colors)) == "ds" and colors["ds"] == "black"
-    assert len(set(colors.values())) == len(colors) == 17
+    assert len(set(colors.values())) == len(colors) == len(testbed.METHODS)
     assert list(colors)[1:] == sorted(m for m in testbed.METHODS if m != "ds")
     assert report.method_colors({"sara", "dps"}, palette[:1]) == {"dps": palette[0],
                                                                    "sara": palette[0]}
@@ -468,3 +484,47 @@ def test_a_methodsmean_curve_averages_its_runs_on_a_common_grid():
                                     points=3)
     assert grid == [0.0, 500.0, 1000.0]
     assert mean == [pytest.approx(30.0), pytest.approx(40.0), pytest.approx(50.0)]
+
+
+def test_the_new_targets_final_gap_busiest_prompt_and_recommendation():
+    trained = lambda most: {"trained": {"most_groups_one_prompt": most}}   # noqa: E731
+    runs = []
+    for seed in (0, 1, 2, 3, 4):
+        runs.append(_run("ds", seed, [0.4, 0.5, 0.6, 0.7, 0.7], **trained(9)))
+        # reaches DS's final at 2,000 on every seed, ends 0.5 points below it: within 1 point
+        runs.append(_run("sara_dps", seed, [0.4, 0.6, 0.7, 0.695, 0.695], **trained(30)))
+        # reaches it at 1,714 (0.57 of DS's 3,000) on 4 seeds of 5
+        accs = [0.4, 0.65, 0.72, 0.72, 0.72] if seed else [0.4, 0.5, 0.55, 0.6, 0.6]
+        runs.append(_run("sara", seed, accs, **trained(12)))
+    summary = [report.method_summary(runs, m, 4000) for m in ("ds", "sara_dps", "sara")]
+    goals = report.target_ratios(summary, runs)
+    gap = goals["sara_dps_final_vs_ds"]
+    assert gap["gap"] == pytest.approx(-0.005) and gap["met"]
+    busiest = goals["busiest_prompt"]
+    assert busiest["worst_ratio"] == {"sara_dps": pytest.approx(30 / 9),
+                                      "sara": pytest.approx(12 / 9)}
+    assert busiest["over"] == ["sara_dps"] and not busiest["met"]
+    # SARA reaches DS's final on 4 of 5 seeds (80%), at 0.57x: fewer than SARA + DPS's 0.67x
+    choice = goals["recommend"]
+    assert choice["method"] == "sara"
+    assert choice["ratio"] == pytest.approx((1000 + 1000 * 0.05 / 0.07) / 3000)
+    assert set(choice["eligible"]) == {"sara", "sara_dps"}
+
+
+def test_the_arm_at_its_own_group_size_is_read_against_its_own_ds():
+    runs = [_run("ds_k32", 0, [0.4, 0.5, 0.6, 0.6]), _run("pilot_commit_k32", 0, [0.4, 0.6, 0.6]),
+            _run("uniform_k32", 0, [0.4, 0.45, 0.5, 0.55])]
+    arm = report.arm_summary(runs, "ds_k32", report.K32_ARM)
+    by = {e["method"]: e for e in arm}
+    assert by["pilot_commit_k32"]["ratio_to_reference"][0] == pytest.approx(0.5)
+    assert by["uniform_k32"]["ratio_to_reference"][2] == 0          # never reached it
+    assert "the arm at its own group size" in report.format_arm(arm)
+
+
+def test_a_run_records_its_buckets_shares_and_gains():
+    history = [{"prompt_ids": ["a1", "a2", "s1"]}, {"prompt_ids": ["s1"]}]
+    shares = testbed.bucket_shares_of(history, {"a1": "add1", "a2": "add1", "s1": "sub3"})
+    assert shares == {"add1": 0.5, "sub3": 0.5}
+    evals = [{"accuracy_by_bucket": {"add1": 0.5, "sub3": 0.2}}, {},
+             {"accuracy_by_bucket": {"add1": 0.75, "sub3": 0.1}}]
+    assert testbed.bucket_gains_of(evals) == {"add1": 0.25, "sub3": pytest.approx(-0.1)}
