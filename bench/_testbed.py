@@ -79,8 +79,8 @@ LABELS = {"uniform": "uniform (GRPO)", "uniform_matched": "uniform, matched sign
           "dps_paper": "DPS (paper: no filter)",
           "mopps_paper": "MoPPS (paper: no filter)", "pilot_commit_k32": "Pilot-Commit (4k)",
           "ds_k32": "Dynamic Sampling (4k)", "uniform_k32": "uniform (4k)"}
-# the configuration the docs recommend for new runs (docs/benchmarks.md, "The league on the
-# testbed"): `recommended` runs nothing of its own; its records are this key's, relabelled
+# the configuration the docs recommend for new runs (docs/benchmarks.md, "The testbed's
+# methods"): `recommended` runs nothing of its own; its records are this key's, relabelled
 RECOMMENDED = "sara"
 METHODS["recommended"] = METHODS[RECOMMENDED]
 LABELS["recommended"] = f"recommended (= {LABELS[RECOMMENDED]})"
@@ -99,10 +99,11 @@ class Protocol:
 
     batch_groups: int = 16
     k: int = 8
-    # 110,000 on a pool of 2,000 (docs/benchmarks.md, the regime search): at 80,000 on 1,000
-    # prompts DS plateaued within a test SE before step 100 on two seeds of five, and at
-    # 110,000 on 1,000 one seed's slow buckets ran out of unsaturated prompts by step 94; on
-    # 2,000 (1,619 drawn: three small buckets hold fewer) DS rises past step 170 on every seed
+    # 110,000 on a pool of 2,000 (docs/benchmarks.md, "Why the testbed's protocol is what it
+    # is"): at 80,000 on 1,000 prompts DS plateaued within a test SE before step 100 on two
+    # seeds of five, and at 110,000 on 1,000 one seed's slow buckets ran out of unsaturated
+    # prompts by step 94; on 2,000 (1,619 drawn: three small buckets hold fewer) DS rises past
+    # step 170 on every seed
     rollouts: int = 110_000
     evals: int = 16
     pool_size: int = 2000

@@ -1,7 +1,8 @@
 """What a testbed run trained on, beside how far it got: the groups its optimizer steps took,
 by successes of k; how many distinct prompts gave them; how stale they were. Two methods can
 deliver the same number of mixed groups a step and teach different amounts with them; these
-figures are where the difference shows (docs/benchmarks.md, "What SARA + DPS trains on").
+figures are where the difference shows (docs/results.md, the testbed's "Why SARA + DPS
+misses").
 
 ``trained_summary`` builds a run record's ``trained`` entry from the run's per-step history
 (``sara_demo.rl``'s entries: the trainer's prompt ids and group mean rewards, its staleness and

@@ -21,7 +21,7 @@ and each method's ratio to DS (per seed, then averaged).
 
 The learning testbed and its fair protocol (every method at its own learning rate, B groups a
 step, uniform also at matched signal, eleven methods) are ``--testbed`` (``bench/_testbed_cli.py``
-says how; docs/benchmarks.md has the recorded run).
+says how; docs/results.md has the recorded run).
 
 Usage:
     python bench/e2e.py --testbed --seeds 0,1,2,3,4 --methods ds,sara --out PREFIX

@@ -129,7 +129,7 @@ def worker_capacity(cfg: DemoConfig) -> int:
     the making, and at least two batches' worth. Held at two batches' worth under four in the
     making, DS's engine calls stopped at that cap, and on 2 cores a call of 150 rows costs about
     the seconds of one of 220: fewer, fuller calls generate the same rollouts sooner
-    (docs/benchmarks.md, the regime search)."""
+    (docs/benchmarks.md, "Why the testbed's protocol is what it is")."""
     return cfg.batch_groups * cfg.group_size * max(2, cfg.prefetch_batches)
 
 

@@ -47,7 +47,7 @@ from .tasks.arith import (BUCKETS, dropped_carry, make_eval_set, make_split, res
 
 # name -> (bucket -> share of its demonstrations that carry the bucket's slip: carry for + and *,
 # borrow for -). "e" is the shipped set; "b" the one the first recording ran on; the others are
-# the regime search's steps between them, recorded in docs/benchmarks.md with what each gave.
+# steps tried between them (docs/benchmarks.md, "Why the testbed's protocol is what it is").
 HABIT_SETS: dict[str, dict[str, float]] = {
     "b": {"add2": 0.6, "add3": 0.9, "mul1": 0.9, "mul2": 0.97, "sub2": 0.95, "sub3": 0.99},
     "c": {"add2": 0.9, "add3": 0.97, "mul1": 0.97, "mul2": 0.99, "sub2": 0.99, "sub3": 0.995},
