@@ -534,3 +534,13 @@ async def test_tokens_by_outcome_are_counted_once_per_slot_that_taught_the_poste
     assert (c["learned_success_rollouts"], c["learned_success_tokens"]) == (2, 22)
     assert (c["learned_failure_rollouts"], c["learned_failure_tokens"]) == (2, 64)
     assert c["tokens_generated"] == 96
+
+
+async def test_a_batch_says_how_many_versions_its_groups_lag(store):
+    await _ready_group(store, "a", version=0, prompt="pa")
+    await _ready_group(store, "b", version=1, prompt="pb")
+    await store.policy.publish_policy(1.0, 2, None)
+    assert await store.batches.form_batch(2.0, 2, 10.0, 4, None, "b1", 100.0) == ("new", "b1")
+    stats = json.loads((await store.batches.read_batch("b1"))["stats"])
+    assert stats["age_versions_mean"] == 1.5          # 2 and 1 versions behind
+    assert (await counters(store))["delivered_lag_versions"] == 3

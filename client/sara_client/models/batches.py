@@ -60,6 +60,9 @@ class BatchStats(AnswerModel):
     ds_rollouts_per_effective_group_low: float | None = Field(None, description="95% interval.")
     ds_rollouts_per_effective_group_high: float | None = Field(None, description="95% interval.")
     ended_early: bool = Field(False, description="Closed by max_rollouts_per_batch.")
+    age_versions_mean: float | None = Field(
+        None, description="Policy versions the batch's groups lag, on average: the version when "
+                          "it formed minus each group's oldest result's.")
 
 
 class Batch(AnswerModel):

@@ -33,6 +33,9 @@ class Counters(AnswerModel):
     groups_dropped_saturated: int = 0
     groups_dropped_stale: int = 0
     groups_delivered: int = 0
+    delivered_lag_versions: int = Field(
+        0, description="Sum over delivered groups of the policy versions their oldest result "
+                       "lagged the version their batch formed at.")
     groups_acked: int = 0
     rollouts_delivered: int = Field(0, description="Rollouts inside delivered groups.")
     rollouts_not_spent_on_abandoned_groups: int = Field(
@@ -68,6 +71,9 @@ class Derived(AnswerModel):
     rollouts_in_flight: int
     useful_fraction: float | None = Field(description="Rollouts in delivered groups / completed.")
     rollouts_per_effective_group: float | None
+    delivered_age_versions: float | None = Field(
+        None, description="Policy versions a delivered group lagged, on average over the run: "
+                          "its batch's version minus its oldest result's.")
     rollouts_per_group_of_k: float | None = Field(
         None, description="Rollouts completed per k rollouts delivered: a delivered group of n "
                           "counts as n / k groups of k, so runs whose groups differ in size "

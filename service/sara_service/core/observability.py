@@ -99,6 +99,7 @@ def derive(c: Counters, k: int) -> Derived:
         rollouts_in_flight=c.rollouts_issued - c.rollouts_completed - c.rollouts_cancelled,
         useful_fraction=_ratio(c.rollouts_delivered, c.rollouts_completed),
         rollouts_per_effective_group=_ratio(c.rollouts_completed, c.groups_delivered),
+        delivered_age_versions=_ratio(c.delivered_lag_versions, c.groups_delivered),
         rollouts_per_group_of_k=_ratio(c.rollouts_completed * k, c.rollouts_delivered),
         ds_rollouts_per_effective_group=ds_figure.point,
         ds_rollouts_per_effective_group_low=ds_figure.low,

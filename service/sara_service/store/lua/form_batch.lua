@@ -35,6 +35,7 @@ local closing = (cap > 0 and spent(1) >= cap)
   or (redis.call('GET', RUN_STATE) == 'draining' and redis.call('ZCARD', OPEN_GROUPS) == 0)
 local version = tonumber(redis.call('HGET', POLICY, 'version') or '0')
 local picked, gids, rollouts = {}, {}, 0
+local age = 0   -- policy versions each picked group's oldest result lags the current, summed
 local dropped, dropped_gc = {}, {}
 local in_batch, deferred = {}, {}   -- prompts the batch holds; entries left for the next batch
 while #picked < want do
@@ -58,6 +59,7 @@ while #picked < want do
       picked[#picked + 1] = entry
       gids[#gids + 1] = gid
       rollouts = rollouts + tonumber(n)
+      if minv ~= '' then age = age + math.max(0, version - tonumber(minv)) end
     end
   end
 end
@@ -82,7 +84,8 @@ end
 current = redis.call('HMGET', STATS, unpack(window_fields))
 local stats = {rollouts_spent = spent(1), rollouts_cancelled = spent(2), tokens_spent = spent(3),
   groups_committed = spent(4), groups_abandoned = spent(5), groups_dropped = spent(6) + spent(7),
-  rollouts_not_spent_on_abandoned_groups = spent(8), ended_early = #picked < want}
+  rollouts_not_spent_on_abandoned_groups = spent(8), ended_early = #picked < want,
+  age_versions_mean = age / #gids}
 local snapshot = {}
 for i, f in ipairs(window_fields) do
   snapshot[#snapshot + 1] = f
@@ -99,6 +102,7 @@ for _, gid in ipairs(gids) do delivered[#delivered + 1] = gid; delivered[#delive
 call_chunked('HSET', GROUP_STATES, delivered)
 redis.call('HINCRBY', STATS, 'batches_formed', 1)
 redis.call('HINCRBY', STATS, 'groups_delivered', #gids)
+redis.call('HINCRBY', STATS, 'delivered_lag_versions', age)
 redis.call('HINCRBY', STATS, 'rollouts_delivered', rollouts)
 local summary = cjson.encode({batch_id = batch_id, created_at = now, policy_version = version,
   groups = #gids, rollouts = rollouts, stats = stats})
