@@ -116,7 +116,7 @@ def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):
     from sara_trainer.config import TrainerConfig
 
     fields: dict[str, Any] = dict(
-        model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
+        model=sft_dir, device="cpu", checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
         threads=cfg.rl_threads, lr=cfg.lr, micro_batch_rollouts=512,
         advantage_estimator=cfg.advantage_estimator, max_steps=cfg.rl_steps, checkpoint_every=1,
         keep_checkpoints=3, batch_wait_s=5.0, lr_warmup_steps=cfg.lr_warmup_steps)

