@@ -29,7 +29,7 @@ class Tally:
         self.rollouts += len(rewards)
         mean = sum(rewards) / len(rewards) if rewards else float("nan")
         again = " (redelivered)" if batch.redelivered else ""
-        return (f"{batch.batch_id}: {len(batch.groups)} groups, {len(rewards)} rollouts, "
+        return (f"batch {batch.batch_id}: {len(batch.groups)} groups, {len(rewards)} rollouts, "
                 f"policy v{batch.policy_version}, mean reward {mean:.3f}{again}")
 
     def line(self) -> str:

@@ -98,3 +98,15 @@ def test_a_generated_train_flag_reaches_the_config(monkeypatch):
 def test_a_bad_generated_train_flag_exits_2_naming_the_field():
     result = runner.invoke(cli.app, ["train", "--model", "m", "--loss-aggregation", "mean"])
     assert result.exit_code == 2 and "loss_aggregation" in result.output
+
+
+def test_sara_train_takes_every_default_from_trainer_config(monkeypatch):
+    """Nothing but --model given: the config is TrainerConfig's own defaults, field by field
+    (the command declares none of its own)."""
+    config = trained_config(monkeypatch, ["--model", "m"])
+    assert config == TrainerConfig(model="m")
+    command = typer.main.get_command(cli.app).commands["train"]   # type: ignore[attr-defined]
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    for param in command.params:
+        if param.name in fields:
+            assert param.default is None, f"sara train declares a default for {param.name}"
