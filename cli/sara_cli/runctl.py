@@ -88,6 +88,8 @@ def _run_command(action: str, doc: str) -> None:
         else:
             out = _call(url, token, f"run {action}", lambda c: c.control_run(action))
         typer.echo(f"{out.namespace}\t{out.state}")
+        for warning in out.warnings:   # what holds the run up (a drain that never ends ...)
+            typer.echo(f"warning: {warning}", err=True)
 
     command.__doc__ = doc
     run_app.command(action)(command)

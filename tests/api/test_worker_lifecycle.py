@@ -1,9 +1,9 @@
 """A worker's presence and its limits, against the real scheduler (create_app on a real Redis,
 fake clock) through the SDK:
 
-- one that stops on request leaves /stats at once; one that is killed stays until it is stale,
-  which it is once unseen for three heartbeat intervals (the lease TTL), and /stats says how long
-  ago it was seen;
+- one that stops on request shows as stopped at once (with what it did), not live; one that is
+  killed stays live until it is stale, which it is once unseen for three heartbeat intervals
+  (the lease TTL), and /stats says how long ago it was seen;
 - one that finds no work says why (GET /run): "waiting for a trainer";
 - one that cannot reach its URL names it and gives up after `give_up_after_s`;
 - one told `checkpoint_root` refuses a policy published outside it and keeps its weights.
@@ -34,7 +34,7 @@ def _rows(stats) -> dict[str, dict]:
     return {w["worker_id"]: w for w in stats["workers"]}
 
 
-async def test_a_worker_that_stops_leaves_stats_at_once_one_killed_stays(make_api):
+async def test_a_worker_that_stops_shows_stopped_at_once_one_killed_goes_stale(make_api):
     api = await make_api(**SMALL)
     await api.add(*sim_prompts(8))
     client = sdk_for(api.app)
@@ -49,9 +49,26 @@ async def test_a_worker_that_stops_leaves_stats_at_once_one_killed_stays(make_ap
         await asyncio.gather(task, return_exceptions=True)
     finally:
         await client.aclose()
-    stats = await api.stats()
-    assert set(_rows(stats)) == {"killed"}
-    assert stats["counters"]["rollouts_completed"] == 4   # what the leaver did still counts
+    rows = _rows(await api.stats())
+    assert rows["stopped"]["stopped"] and not rows["stopped"]["stale"]
+    assert rows["stopped"]["rollouts_completed"] == 4   # what it did still shows
+    assert rows["stopped"]["rollouts_per_s"] is None
+    assert not rows["killed"]["stopped"] and not rows["killed"]["stale"]   # until unseen long
+    api.clock.advance(61.0)
+    rows = _rows(await api.stats())
+    assert rows["killed"]["stale"] and not rows["stopped"]["stale"]
+
+
+async def test_a_stopped_worker_seen_again_is_live_again(make_api):
+    api = await make_api(**SMALL)
+    await api.add(*[prompt_spec(f"p{i}", "mixed") for i in range(8)])
+    await api.lease("w1", 2)
+    assert await api.ok("DELETE", "/workers/w1") == {"worker_id": "w1", "known": True}
+    assert _rows(await api.stats())["w1"]["stopped"]
+    api.clock.advance(1.0)
+    await api.lease("w1", 2)
+    assert not _rows(await api.stats())["w1"]["stopped"]
+    assert await api.ok("DELETE", "/workers/nobody") == {"worker_id": "nobody", "known": False}
 
 
 async def test_a_worker_unseen_for_three_heartbeat_intervals_is_stale(make_api):

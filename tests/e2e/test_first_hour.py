@@ -4,7 +4,7 @@ process, in a fresh folder, on the default embedded Redis):
 - the quickstart block: `sara serve`, `sara load --synthetic 1000 --seed 0`, `sara worker
   --backend sim`, `sara consume`, `sara stats`; before the consumer starts, `sara stats` says
   the run is waiting for a trainer; `sara prompts list` lists the pool; the consumer stops on
-  Ctrl-C with a summary, and the worker, stopped, leaves /stats at once;
+  Ctrl-C with a summary, and the worker, stopped, shows in /stats as stopped at once;
 - `sara serve --host 0.0.0.0` with no token refuses to start, saying how to set tokens or
   accept the risk, and starts with `--insecure`;
 - a worker pointed where nothing listens names the URL and gives up with exit 1;
@@ -149,7 +149,8 @@ def test_the_quickstart_block_runs_end_to_end(sara):
     assert _stop(consumer, signal.SIGINT) == 0   # Ctrl-C
     assert re.search(r"^sara consume: \d+ batches acked", sara.log("consume"), re.MULTILINE)
     assert _stop(worker, signal.SIGTERM) == 0
-    assert sara.stats()["workers"] == []   # a worker that stops leaves at once
+    (row,) = sara.stats()["workers"]   # a worker that stops says so: stopped at once
+    assert row["stopped"] and not row["stale"] and row["rollouts_per_s"] is None
     assert _stop(sara.procs["serve"], signal.SIGTERM) == 0
 
 

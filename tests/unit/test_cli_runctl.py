@@ -95,3 +95,12 @@ def test_run_commands(action, state, monkeypatch):
     assert out.output == f"ns\t{state}\n"
     if action != "status":
         assert FakeClient.calls[-1] == ("run", action, "http://x:1", "tok")
+
+
+def test_run_status_says_what_holds_the_run_up(monkeypatch):
+    waiting = "waiting for a trainer: 64 groups are ready (a batch is 32) ..."
+    monkeypatch.setattr(FakeClient, "run_status", lambda self: RunStatus(
+        namespace="ns", state="draining", warnings=[waiting]))
+    out = runner.invoke(cli.app, ["run", "status"])
+    assert out.exit_code == 0
+    assert out.stdout == "ns\tdraining\n" and out.stderr == f"warning: {waiting}\n"

@@ -444,8 +444,8 @@ class WorkerLoop:
             self.counters.dropped += len(self._outbox)
 
     async def _deregister(self) -> None:
-        """A worker that stops on request leaves the run, so /stats stops showing it at once
-        (a failure only costs that: it shows as stale later)."""
+        """A worker that stops on request leaves the run, so /stats shows it stopped at once
+        instead of live (a failure only costs that: it shows as stale later)."""
         try:
             await self.client.deregister(self.config.worker_id)
         except SaraError as exc:

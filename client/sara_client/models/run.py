@@ -28,6 +28,8 @@ class RunStatus(AnswerModel):
 
 
 class WorkerGone(AnswerModel):
+    """A worker that stopped on request: /stats shows it stopped."""
+
     worker_id: str
-    known: bool = Field(description="Whether the scheduler knew the worker (false: already "
-                                    "forgotten, or never seen).")
+    known: bool = Field(description="Whether the scheduler knew the worker (false: never seen, "
+                                    "or forgotten after SARA_RETENTION_S unseen).")

@@ -119,6 +119,8 @@ class WorkerStats(AnswerModel):
                                                     "heartbeated or reported.")
     stale: bool = Field(description="Unseen for SARA_WORKER_STALE_S (unset: SARA_LEASE_TTL_S, "
                                     "three heartbeat intervals); its rates are then null.")
+    stopped: bool = Field(False, description="It stopped on request and said so (not stale, "
+                                             "not live; its rates are null) until seen again.")
     rollouts_completed: int = 0
     tokens_generated: int = 0
     leases: int = 0

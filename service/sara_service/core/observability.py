@@ -122,16 +122,18 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
         completed = stored_int(info.get("completed"))
         tokens = stored_int(info.get("tokens"))
         first = float(info.get("first_seen", last_seen))
-        stale = now - last_seen > stale_s
+        # stopped on request (stop_worker.lua) and not seen since
+        stopped = float(info.get("stopped_at", "-inf")) >= last_seen
+        stale = not stopped and now - last_seen > stale_s
         # a rate over a few milliseconds of activity says nothing: wait for a second of it; a
-        # stale worker produces nothing now, whatever it did while it was seen
-        span = last_seen - first if last_seen - first >= 1.0 and not stale else 0.0
+        # stale or stopped worker produces nothing now, whatever it did while it was seen
+        span = last_seen - first if last_seen - first >= 1.0 and not (stale or stopped) else 0.0
         version = info.get("policy_version")
         out.append(WorkerStats(
             worker_id=row.worker_id, backend=info.get("backend"), last_seen=last_seen,
             last_seen_ago_s=max(0.0, now - last_seen),
             policy_version=stored_int(version) if version not in (None, "-1") else None,
-            stale=stale, rollouts_completed=completed,
+            stale=stale, stopped=stopped, rollouts_completed=completed,
             tokens_generated=tokens, leases=stored_int(info.get("leases")),
             rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span)))
     return out

@@ -227,7 +227,7 @@ class Keys:
         return self._k("trainer:seen")
 
     # workers: zset worker_id -> last seen; worker_info: hash "<worker_id>|<name>" -> value, for
-    # name in completed, tokens, policy_version, leases, first_seen, backend
+    # name in completed, tokens, policy_version, leases, first_seen, backend, stopped_at
     @property
     def workers(self) -> str:
         return self._k("workers")

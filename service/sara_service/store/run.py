@@ -158,10 +158,10 @@ class RunStore(ResourceStore):
                                          dict(seen_before=seen_before, limit=limit)))
 
     @unavailable_on_redis_error
-    async def forget_worker(self, worker_id: str) -> bool:
-        """forget_worker.lua: a worker that stopped, out of the workers set, its info and its
-        cancel list at once; True when it was known."""
-        return bool(await self.runner.run("forget_worker", dict(worker_id=worker_id)))
+    async def stop_worker(self, now: float, worker_id: str) -> bool:
+        """stop_worker.lua: a worker that stopped on request shows as stopped at once; True
+        when it was known."""
+        return bool(await self.runner.run("stop_worker", dict(now=now, worker_id=worker_id)))
 
     # --- the trainer ---------------------------------------------------------------------------
 

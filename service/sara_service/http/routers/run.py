@@ -1,6 +1,6 @@
 """The run resource: GET /run (its state and what holds it up, any role: a worker that finds no
 work asks here why), POST /run (pause, resume, drain; admin) and DELETE /workers/{id} (a worker
-that stops leaves the run at once)."""
+that stops leaves the run: /stats shows it stopped at once)."""
 
 from fastapi import APIRouter, Request
 
@@ -36,10 +36,10 @@ async def control_run(body: RunControlRequest, scheduler: SchedulerDep) -> RunSt
 
 @router.delete("/workers/{worker_id}", response_model=WorkerGone, dependencies=[WorkerRole],
                tags=["workers"])
-async def forget_worker(worker_id: Identifier, scheduler: SchedulerDep,
-                        request: Request) -> WorkerGone:
-    """A worker that stops: out of /stats at once (its leases expire or are answered as usual;
-    the run's counters keep what it did)."""
+async def stop_worker(worker_id: Identifier, scheduler: SchedulerDep,
+                      request: Request) -> WorkerGone:
+    """A worker that stops on request leaves the run: /stats shows it stopped at once, with
+    what it did, not live (nor, later, stale); seen again, it is live again."""
     check_worker(request, worker_id)
     return WorkerGone(worker_id=worker_id,
-                      known=await scheduler.store.run.forget_worker(worker_id))
+                      known=await scheduler.store.run.stop_worker(scheduler.clock(), worker_id))
