@@ -24,6 +24,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 SIMPLE = (str, int, float, bool, Path)
+UNGROUPED = "Other settings"
 Groups = Iterable[tuple[str, Sequence[str]]]   # (panel title, field names) in panel order
 
 
@@ -57,15 +58,13 @@ def shown_default(value: Any) -> str | None:
 
 
 def _ordered(names: Iterable[str], groups: Groups) -> list[tuple[str, str]]:
-    """(field, panel) for each field in `names`, in the groups' order; ValueError naming a field
-    that is in no group (the declaration of groups has fallen behind the configuration)."""
-    panels = [(name, title) for title, fields in groups for name in fields]
+    """(field, panel) for each field in `names`, in the groups' order; a field in no group
+    (the groups have fallen behind the configuration, which tests/unit/test_cli_help.py
+    catches) still gets its flag, in a last panel of its own."""
+    names = list(names)
+    panels = [(name, title) for title, fields in groups for name in fields if name in names]
     placed = {name for name, _ in panels}
-    missing = [n for n in names if n not in placed]
-    if missing:
-        raise ValueError(f"fields in no help panel: {', '.join(missing)}")
-    wanted = set(names)
-    return [(name, title) for name, title in panels if name in wanted]
+    return panels + [(name, UNGROUPED) for name in names if name not in placed]
 
 
 def _command_line_type(annotation: Any) -> type | None:

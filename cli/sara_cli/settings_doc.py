@@ -94,21 +94,27 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 def scheduler_section() -> list[str]:
     """The Settings fields, a table per group."""
-    from sara_service.setting_groups import SETTING_GROUPS
+    from sara_service.setting_groups import SETTING_GROUPS, SettingGroup
     from sara_service.settings import Settings
 
     lines = ["", "## The scheduler: `SARA_*` and `sara serve`"]
-    for group in SETTING_GROUPS:
+    fields = Settings.model_fields
+    placed = {n for group in SETTING_GROUPS for n in group.fields}
+    # a field in no group still shows (tests/unit/test_cli_help.py catches the drift)
+    other = SettingGroup("other", "Other settings", "Not in a group of setting_groups yet.",
+                         tuple(n for n in fields if n not in placed))
+    for group in (*SETTING_GROUPS, other):
         rows = []
-        for name in group.fields:
-            info = Settings.model_fields[name]
+        for name in (n for n in group.fields if n in fields):
+            info = fields[name]
             secret = "SecretStr" in str(info.annotation)
             where = f"`SARA_{name.upper()}`" + ("" if secret else
                                                 f"<br>`--{name.replace('_', '-')}`")
             rows.append((where, _with_bounds(_words(info.annotation), info.metadata),
                          _default(info.default), info.description or ""))
-        lines += ["", f"### {group.title}", "", group.about, "",
-                  *_table(("Variable / flag", "Type", "Default", "What it does"), rows)]
+        if rows:
+            lines += ["", f"### {group.title}", "", group.about, "",
+                      *_table(("Variable / flag", "Type", "Default", "What it does"), rows)]
     return lines
 
 
