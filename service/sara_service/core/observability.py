@@ -139,6 +139,40 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
     return out
 
 
+def _warnings(non_binary_reward: float | None, settings: Settings) -> list[str]:
+    """The outcome view's warning once a reward other than 0/1 has arrived."""
+    if non_binary_reward is None or settings.effective != "outcome":
+        return []
+    return [non_binary_warning(non_binary_reward)]
+
+
+async def stats_view(store: Store, settings: Settings, now: float,
+                     auto: Any = None) -> StatsResponse:
+    """Everything /stats shows, read in one pipelined round trip; `auto` is the scheduler's
+    AutoPricer under tau_low=auto (its price and thresholds in force)."""
+    snap = await store.run.stats_snapshot()
+    counters = _counters(snap.counters)
+    derived = derive(counters, settings.group_size)
+    queues = Queues(pending=max(0, derived.rollouts_in_flight - snap.leased), leased=snap.leased,
+                    open_groups=len(snap.open_group_scores),
+                    expected_yield_open=sum(snap.open_group_scores),
+                    ready_groups=snap.ready_groups, unacked_batches=snap.unacked_batches,
+                    flow_target=settings.prefetch_batches * settings.batch_size)
+    policy: PolicyInfo = await store.policy.get_policy()
+    view = StatsResponse(
+        namespace=settings.namespace, run_state=await store.run.run_state(), now=now, policy=policy,
+        config=settings.public_config(),
+        counters=counters, derived=derived, queues=queues,
+        abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),
+        workers=_workers(snap.workers, now, settings.stale_after_s),
+        recent_batches=snap.recent_batches,
+        reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
+        warnings=_warnings(snap.non_binary_reward, settings),
+        auto_thresholds=auto.snapshot() if auto is not None else None)
+    view.warnings += await run_warnings(store, settings, now)
+    return view
+
+
 def trainer_wait_warning(ready_groups: int, batch_size: int, trainer_seen: float | None,
                          now: float, warn_after_s: float) -> str | None:
     """'waiting for a trainer' when a batch's worth of groups is ready and no trainer has asked
@@ -163,36 +197,3 @@ async def run_warnings(store: Store, settings: Settings, now: float) -> list[str
     waiting = trainer_wait_warning(ready, settings.batch_size, seen, now,
                                    settings.trainer_wait_warn_s)
     return [waiting] if waiting else []
-
-
-def _warnings(non_binary_reward: float | None, settings: Settings) -> list[str]:
-    """The outcome view's warning once a reward other than 0/1 has arrived."""
-    if non_binary_reward is None or settings.effective != "outcome":
-        return []
-    return [non_binary_warning(non_binary_reward)]
-
-
-async def stats_view(store: Store, settings: Settings, now: float,
-                     auto: Any = None) -> StatsResponse:
-    """Everything /stats shows, read in one pipelined round trip; `auto` is the scheduler's
-    AutoPricer under tau_low=auto (its price and thresholds in force)."""
-    snap = await store.run.stats_snapshot()
-    counters = _counters(snap.counters)
-    derived = derive(counters, settings.group_size)
-    queues = Queues(pending=max(0, derived.rollouts_in_flight - snap.leased), leased=snap.leased,
-                    open_groups=len(snap.open_group_scores),
-                    expected_yield_open=sum(snap.open_group_scores),
-                    ready_groups=snap.ready_groups, unacked_batches=snap.unacked_batches,
-                    flow_target=settings.prefetch_batches * settings.batch_size)
-    policy: PolicyInfo = await store.policy.get_policy()
-    return StatsResponse(
-        namespace=settings.namespace, run_state=await store.run.run_state(), now=now, policy=policy,
-        config=settings.public_config(),
-        counters=counters, derived=derived, queues=queues,
-        abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),
-        workers=_workers(snap.workers, now, settings.stale_after_s),
-        recent_batches=snap.recent_batches,
-        reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
-        warnings=[*_warnings(snap.non_binary_reward, settings),
-                  *await run_warnings(store, settings, now)],
-        auto_thresholds=auto.snapshot() if auto is not None else None)
