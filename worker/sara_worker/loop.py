@@ -243,7 +243,8 @@ class WorkerLoop:
             backoff.reset()
             self._reach.reached()
             await self._accept(lease)
-            await self._idle.note(bool(lease.rollouts or self._held or self._outbox))
+            if not self._stopping:
+                await self._idle.note(bool(lease.rollouts or self._held or self._outbox))
             if not lease.rollouts:
                 await self._pulse.pause(self.config.idle_poll_s)
 
