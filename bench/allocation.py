@@ -48,8 +48,9 @@ Each measured figure is printed beside what it should be:
   methods it then makes the same decisions in the same order as the Lua scripts, so its figures
   match the service's to the last digit unless the two disagree somewhere (marked `=`).
 
-Figures are measured over a steady-state window, from the first delivered batch to the last, so
-the work in flight at start and end cancels out. A *false abandon* is an abandoned group whose
+Figures are measured over a steady-state window, from the end of the first round that delivered
+a batch to the last batch (the batches of that round are outside it: their groups were paid for
+before it), so the work in flight at start and end cancels out. A *false abandon* is an abandoned group whose
 full k would have been mixed; its probability is exact given the prompt's true γ
 (1 - (1-γ)^(k-n) after n failures, 1 - γ^(k-n) after n successes), and the rate is its mean over
 abandoned groups, shown beside the τ_low bound.
@@ -345,12 +346,21 @@ class Tally:
         return 1.0 - ((1.0 - gamma) ** rest if failing else gamma ** rest)
 
     def summary(self) -> dict[str, Any]:
-        """The figures over the steady-state window (first delivered batch to the last)."""
+        """The figures over the steady-state window (the end of the first round that delivered a
+        batch to the last batch)."""
         if len(self.batches) < 2:
             raise NothingToMeasure(f"{len(self.batches)} batch(es) delivered, fewer than two: "
                                 "nothing to measure (raise --groups)")
-        first, last = self.batches[0], self.batches[-1]
-        window = self.batches[1:]
+        # The window opens at the end of the first round that delivered a batch, not after its
+        # first batch: that round's other batches hold groups whose rollouts were spent before
+        # the window, and counting them would put a fraction of useful rollouts above 1.
+        opening = self.batches[0]["round"]
+        window = [b for b in self.batches if b["round"] > opening]
+        if not window:
+            raise NothingToMeasure(f"all {len(self.batches)} batches came in the first round "
+                                   "that delivered any: nothing to measure (raise --groups)")
+        first = [b for b in self.batches if b["round"] == opening][-1]
+        last = self.batches[-1]
         rollouts = last["cum_rollouts"] - first["cum_rollouts"]
         tokens = last["cum_tokens"] - first["cum_tokens"]
         effective = sum(b["effective"] for b in window)
@@ -1025,7 +1035,10 @@ class Job:
 
     @property
     def name(self) -> str:
-        suffix = "" if self.engine == "service" else f" model#{self.rep}"
+        # rep 0 runs on the service run's seeds (the '=' check), reps 1.. are the independent
+        # runs the expectation is the mean of
+        suffix = ("" if self.engine == "service" else " model, service's seeds" if not self.rep
+                  else f" model {self.rep}/{self.cfg.model_reps}")
         return f"{self.cfg.pool} k={self.cfg.k} {METHODS[self.method].label}{suffix}"
 
 
@@ -1562,10 +1575,11 @@ def format_table(rows: list[dict[str, Any]], cfgs: list[Config]) -> str:
         lines.append(f"{cfg.pool} pool{drift}, k={cfg.k}{seed}: {cfg.prompts} prompts, "
                      f"{cfg.groups} effective groups per method, batch {cfg.batch_size}, "
                      f"prefetch {cfg.prefetch_batches}")
+        runs = f"{cfg.model_reps} independent run{'s' if cfg.model_reps != 1 else ''}"
         lines.append(f"  meas = the service; exact = closed form over the pool; model = mean of "
-                     f"{cfg.model_reps} independent runs of the reference scheduler; '=' = the "
-                     "model on the service run's seeds made exactly the same decisions; Δ and "
-                     "exp = against exact where it exists, else the model (~)")
+                     f"{runs} of the reference scheduler; '=' = one more run of it, on the "
+                     "service run's seeds, made exactly the same decisions; Δ and exp = against "
+                     "exact where it exists, else the model (~)")
         head = (f"  {'method':<14} {'rollouts per effective group':^32}  {'vs DS':^15} "
                 f"{'useful fraction':^15} {'tokens/eff.group':^17} {'false-abandon rate':^22} "
                 f"{'rounds/batch':^13} {'stale':>5}")

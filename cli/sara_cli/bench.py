@@ -1,4 +1,6 @@
-"""`sara bench`: run a benchmark script from the source checkout's bench/."""
+"""`sara bench`: run a benchmark script from the source checkout's bench/, writing its results
+under the current folder (or --out), never into the checkout: the files in bench/results are the
+recorded ones the docs cite, written only by running a script there on purpose."""
 
 from __future__ import annotations
 
@@ -24,18 +26,33 @@ def bench_dir(given: Path | None) -> Path:
                "of this project or pass --bench-dir", 2)
 
 
+def out_args(name: str, args: list[str], out: Path) -> list[str]:
+    """The script's own output option pointing under `out` (each names it its own way: a
+    prefix, a folder or a file), unless the arguments already give one."""
+    if any(a == "--out" or a.startswith("--out=") for a in args):
+        return []
+    if name == "allocation":
+        return ["--out", str(out / ("allocation_quick" if "--quick" in args else "allocation"))]
+    if name == "e2e":
+        return ["--out", str(out / "e2e")]
+    return ["--out", str(out / f"{name}.txt")]
+
+
 def bench(
     ctx: typer.Context,
     name: Annotated[Optional[str], typer.Argument(
         help=f"one of {', '.join(BENCHMARKS)}; none: allocation --quick")] = None,
+    out: Annotated[Path, typer.Option(
+        help="where the results go (the current folder by default)")] = Path("."),
     bench_dir_: Annotated[Optional[Path], typer.Option(
         "--bench-dir", envvar="SARA_BENCH_DIR", help="where the bench/ scripts are")] = None,
 ) -> None:
     """Run a benchmark script from bench/; arguments after NAME go to it
-    (`sara bench NAME -- --help` shows its own).
+    (`sara bench NAME -- --help` shows its own). Results are written under --out.
 
     `sara bench` alone compares uniform, Dynamic Sampling, SARA, DPS, MoPPS and SARA + DPS on
-    the standard pool through the real scheduler in under a minute (`allocation --quick`).
+    the standard pool through the real scheduler in under a minute (`allocation --quick`),
+    writing allocation_quick.txt, .json and .png.
     """
     import subprocess
 
@@ -46,6 +63,8 @@ def bench(
         raise fail(f"sara bench: unknown benchmark {name!r}; choose from "
                    f"{', '.join(BENCHMARKS)}", 2)
     script = bench_dir(bench_dir_) / f"{name}.py"
-    code = subprocess.call([sys.executable, str(script), *args])
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    code = subprocess.call([sys.executable, str(script), *args, *out_args(name, args, out)])
     if code:
         raise typer.Exit(code)

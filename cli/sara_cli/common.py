@@ -13,12 +13,30 @@ from typing import Annotated, Any, Optional
 import typer
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-UrlOpt = Annotated[str, typer.Option("--url", envvar="SARA_URL", help="Scheduler base URL.")]
+
+
+def url_option(panel: str | None = None) -> Any:
+    """The --url option type (SARA_URL), in help panel `panel`."""
+    return Annotated[str, typer.Option("--url", envvar="SARA_URL", help="Scheduler base URL.",
+                                       rich_help_panel=panel)]
+
+
+UrlOpt = url_option()
 TokenOpt = Annotated[Optional[str], typer.Option("--token", envvar="SARA_TOKEN",
                                                  help="Bearer token (admin or operator).")]
-LogFormatOpt = Annotated[Optional[str], typer.Option(
-    "--log-format", envvar="SARA_LOG_FORMAT", help="text or json (one object per line).")]
-LogLevelOpt = Annotated[str, typer.Option(help="debug, info, warning, error.")]
+
+
+def log_options(panel: str | None = None) -> tuple[Any, Any]:
+    """The --log-level and --log-format option types, in help panel `panel`."""
+    level = Annotated[str, typer.Option(help="debug, info, warning, error.",
+                                        rich_help_panel=panel)]
+    fmt = Annotated[Optional[str], typer.Option(
+        "--log-format", envvar="SARA_LOG_FORMAT", help="text or json (one object per line).",
+        rich_help_panel=panel)]
+    return level, fmt
+
+
+LogLevelOpt, LogFormatOpt = log_options()
 # a command that hands the arguments it does not know to something else (bench)
 PASS_THROUGH = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}
 

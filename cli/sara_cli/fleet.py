@@ -34,6 +34,9 @@ def fleet(
                                              help="The scheduler's lease TTL, s.")] = 60.0,
     drain_timeout: Annotated[float, typer.Option(min=0, help="On SIGTERM: longest wait for "
                                                              "held rollouts, s.")] = 60.0,
+    checkpoint_root: Annotated[Optional[str], typer.Option(
+        envvar="SARA_CHECKPOINT_ROOT",
+        help="Load policy checkpoints only under this directory (as `sara worker`).")] = None,
     option: Annotated[Optional[list[str]], typer.Option(
         "--option", "-o", help="Backend option KEY=VALUE (repeatable).")] = None,
     log_level: LogLevelOpt = "info",
@@ -50,6 +53,7 @@ def fleet(
                          gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor,
                          max_restarts=max_restarts, name=name, address=address,
                          worker={"lease_ttl_s": lease_ttl, "drain_timeout_s": drain_timeout,
+                                 "checkpoint_root": checkpoint_root,
                                  **({"capacity": capacity} if capacity else {})},
                          fit_capacity=capacity is None)
         running = Fleet(spec).start()

@@ -1,11 +1,12 @@
 """Command-line options generated from a configuration class, so that everything a user can set
 is a flag with its help, not only what a command names by hand.
 
-A command declares the options it wants to present itself (with their contract names, such as
-`sara train --steps` for `max_steps`) and gets one more option per remaining field: `--field-name`,
-typed as the field is, defaulting to unset (the configuration's own default, or its environment
-variable, then applies). Secrets get none: a command line is visible to every user of the machine.
-The command receives what was given as one dict, `generated`, keyed by field name.
+A command declares the options that are its own and gets one more option per configuration
+field: `--field-name` (or a contract name such as `sara train --steps` for `max_steps`), typed as
+the field is, defaulting to unset (the configuration's own default, shown in the help, or its
+environment variable, then applies), in the help panel of the field's group. Secrets get none: a
+command line is visible to every user of the machine. The command receives what was given as
+one dict, `generated`, keyed by field name.
 """
 
 from __future__ import annotations
@@ -13,24 +14,57 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import types
 import typing
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-PANEL = "Every other setting"
 SIMPLE = (str, int, float, bool, Path)
+UNGROUPED = "Other settings"
+Groups = Iterable[tuple[str, Sequence[str]]]   # (panel title, field names) in panel order
 
 
 @dataclasses.dataclass(frozen=True)
 class FieldFlag:
-    """One generated option: the field it sets, its type on the command line, and its help."""
+    """One generated option: the field it sets, its type on the command line, its help, its
+    help panel, the default shown (None: none), and its name when not `--field-name`."""
 
     name: str
     kind: type
     help: str
+    panel: str
+    default: str | None = None
+    option: str | None = None
+
+    @property
+    def flag(self) -> str:
+        """The option's name on the command line."""
+        return self.option or "--" + self.name.replace("_", "-")
+
+
+def shown_default(value: Any) -> str | None:
+    """A default as the help shows it: a switch by its flag, infinity as inf, unset as none."""
+    if value is None or value is dataclasses.MISSING or callable(value):
+        return None
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return str(value)
+
+
+def _ordered(names: Iterable[str], groups: Groups) -> list[tuple[str, str]]:
+    """(field, panel) for each field in `names`, in the groups' order; a field in no group
+    (the groups have fallen behind the configuration, which tests/unit/test_cli_help.py
+    catches) still gets its flag, in a last panel of its own."""
+    names = list(names)
+    panels = [(name, title) for title, fields in groups for name in fields if name in names]
+    placed = {name for name, _ in panels}
+    return panels + [(name, UNGROUPED) for name in names if name not in placed]
 
 
 def _command_line_type(annotation: Any) -> type | None:
@@ -53,26 +87,33 @@ def _command_line_type(annotation: Any) -> type | None:
     return None
 
 
-def settings_flags(model: type, skip: set[str]) -> list[FieldFlag]:
-    """A flag for each field of a pydantic settings class but those in `skip`."""
+def settings_flags(model: type, skip: set[str], groups: Groups,
+                   options: Mapping[str, str] | None = None) -> list[FieldFlag]:
+    """A flag for each field of a pydantic settings class but those in `skip`, in the panels of
+    `groups`; `options` renames some (field -> flag)."""
+    info = model.model_fields  # type: ignore[attr-defined]
     out = []
-    for name, info in model.model_fields.items():
-        kind = _command_line_type(info.annotation)
-        if name in skip or kind is None:
-            continue
-        out.append(FieldFlag(name, kind, (info.description or "").strip()))
+    for name, panel in _ordered([n for n in info if n not in skip], groups):
+        kind = _command_line_type(info[name].annotation)
+        if kind is not None:
+            out.append(FieldFlag(name, kind, (info[name].description or "").strip(), panel,
+                                 shown_default(info[name].default),
+                                 (options or {}).get(name)))
     return out
 
 
-def dataclass_flags(cls: type, skip: set[str]) -> list[FieldFlag]:
-    """A flag for each field of a dataclass but those in `skip`, with its `metadata["help"]`."""
+def dataclass_flags(cls: type, skip: set[str], groups: Groups,
+                    options: Mapping[str, str] | None = None) -> list[FieldFlag]:
+    """A flag for each field of a dataclass but those in `skip`, with its `metadata["help"]`,
+    in the panels of `groups`; `options` renames some (field -> flag)."""
     hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     out = []
-    for f in dataclasses.fields(cls):
-        kind = _command_line_type(hints[f.name])
-        if f.name in skip or kind is None:
-            continue
-        out.append(FieldFlag(f.name, kind, f.metadata.get("help", "")))
+    for name, panel in _ordered([n for n in fields if n not in skip], groups):
+        f, kind = fields[name], _command_line_type(hints[name])
+        if kind is not None:
+            out.append(FieldFlag(name, kind, f.metadata.get("help", ""), panel,
+                                 shown_default(f.default), (options or {}).get(name)))
     return out
 
 
@@ -87,17 +128,17 @@ def with_generated_flags(flags: list[FieldFlag]) -> Callable[[Callable], Callabl
                   for p in own.parameters.values() if p.name != "generated"]
         taken = {p.name for p in params}
         added = [f for f in flags if f.name not in taken]
-        params += [inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-            annotation=Annotated[Optional[f.kind], typer.Option(
-                help=f.help or None, rich_help_panel=PANEL, show_default=False)])
-            for f in added]
+        for f in added:
+            params += _parameters(f)
         names = {f.name for f in added}
+        negatives = {_negative(f): f.name for f in added if f.kind is bool}
 
         @functools.wraps(command)
         def run(**given: Any) -> Any:
             generated = {k: v for k, v in given.items() if k in names and v is not None}
-            return command(**{k: v for k, v in given.items() if k not in names},
+            generated |= {field: False for param, field in negatives.items() if given.get(param)}
+            return command(**{k: v for k, v in given.items()
+                              if k not in names and k not in negatives},
                            generated=generated)
 
         # the command's own parameters, then the generated ones (keyword-only, so order holds)
@@ -108,3 +149,28 @@ def with_generated_flags(flags: list[FieldFlag]) -> Callable[[Callable], Callabl
 
     return decorate
 
+
+
+def _negative(f: FieldFlag) -> str:
+    """The parameter of a switch's --no- form."""
+    return "no_" + f.name
+
+
+def _parameters(f: FieldFlag) -> list[inspect.Parameter]:
+    """The command parameters of a generated flag. A switch is two: `--x`, shown, and `--no-x`,
+    hidden and named in the help of `--x`. As one `--x/--no-x` option the help would give the
+    --no- forms a column of their own, which at 80 columns leaves too little room to show the
+    names whole."""
+    shown = f.default if f.default is not None else False
+    if f.kind is not bool:
+        return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                  annotation=Annotated[Optional[f.kind], typer.Option(
+                                      f.flag, help=f.help or None, rich_help_panel=f.panel,
+                                      show_default=shown)])]
+    off = "--no-" + f.flag[2:]
+    on = typer.Option(f.flag, help=f"{f.help} Off: {off}.".strip(), rich_help_panel=f.panel,
+                      show_default=shown)
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation=Annotated[Optional[bool], on]),
+            inspect.Parameter(_negative(f), inspect.Parameter.KEYWORD_ONLY, default=False,
+                              annotation=Annotated[bool, typer.Option(off, hidden=True)])]

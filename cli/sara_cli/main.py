@@ -1,5 +1,5 @@
-"""`sara`: the one command. serve, worker-token, load, stats, worker, fleet, train, demo, bench,
-and the prompts / run groups; one module of this package per command.
+"""`sara`: the one command. serve, worker-token, load, stats, worker, fleet, train, consume, demo,
+bench, and the prompts / run groups; one module of this package per command.
 
 This package sits above the libraries (sara_service, sara_worker, sara_trainer, sara_demo,
 sara_client), which never import it. Every heavy import (fastapi, uvicorn, redis, the client
@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from . import bench, demo, fleet, load, runctl, serve, stats, train, worker
+from . import bench, consume, demo, fleet, load, runctl, serve, stats, train, worker
 from .common import PASS_THROUGH
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ app.command()(stats.stats)
 app.command()(worker.worker)
 app.command()(fleet.fleet)
 app.command()(train.train)
+app.command()(consume.consume)
 app.command()(demo.demo)
 app.command(**PASS_THROUGH)(bench.bench)
 app.add_typer(runctl.prompts_app, name="prompts")

@@ -33,7 +33,7 @@ def _call(url: str, token: str | None, what: str, fn: Callable[[Any], Any]) -> A
 
 @prompts_app.command("list")
 def list_prompts(
-    limit: Annotated[int, typer.Option(min=1, help="Stop after this many prompts (0: all).")] = 0,
+    limit: Annotated[int, typer.Option(min=0, help="Stop after this many prompts (0: all).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
 ) -> None:
@@ -88,6 +88,8 @@ def _run_command(action: str, doc: str) -> None:
         else:
             out = _call(url, token, f"run {action}", lambda c: c.control_run(action))
         typer.echo(f"{out.namespace}\t{out.state}")
+        for warning in out.warnings:   # what holds the run up (a drain that never ends ...)
+            typer.echo(f"warning: {warning}", err=True)
 
     command.__doc__ = doc
     run_app.command(action)(command)

@@ -82,7 +82,9 @@ def _print_table(data: dict[str, Any], url: str) -> None:
             table.add_row(section, name, fmt(value))
     workers = data.get("workers") or []
     stale = sum(1 for w in workers if w.get("stale"))
-    table.add_row("workers", "live / stale", f"{len(workers) - stale} / {stale}")
+    stopped = sum(1 for w in workers if w.get("stopped"))
+    table.add_row("workers", "live / stale / stopped",
+                  f"{len(workers) - stale - stopped} / {stale} / {stopped}")
     console.print(table)
 
 

@@ -7,83 +7,54 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from sara_trainer.config import TrainerConfig
+from sara_trainer.config import CONFIG_GROUPS, TrainerConfig
 
-from .common import DEFAULT_URL, LogFormatOpt, LogLevelOpt, UrlOpt, fail, option_values, \
-    setup_logging
+from .common import DEFAULT_URL, fail, log_options, option_values, setup_logging, url_option
 from .generated import dataclass_flags, with_generated_flags
 
-# the TrainerConfig fields `sara train` presents first, under their own flag names (contracts:
-# --steps is max_steps, --estimator advantage_estimator); `extra` only through --set
-NAMED = {"model", "checkpoint_dir", "max_steps", "advantage_estimator", "lr", "kl_coef", "seed",
-         "checkpoint_every", "publish_every", "device", "dtype", "micro_batch_tokens",
-         "gradient_checkpointing", "threads", "extra"}
+# contract names: --steps is max_steps, --estimator advantage_estimator; `extra` only via --set
+RENAMED = {"max_steps": "--steps", "advantage_estimator": "--estimator"}
+PANELS = list(CONFIG_GROUPS.items())
+POLICY, RUN = PANELS[0][0], "Run"   # `--model` sits with the policy fields; the run's own
+RunUrl = url_option(RUN)
+RunLogLevel, RunLogFormat = log_options(RUN)
 
 
-@with_generated_flags(dataclass_flags(TrainerConfig, skip=NAMED))
+@with_generated_flags(dataclass_flags(TrainerConfig, skip={"model", "extra"}, groups=PANELS,
+                                      options=RENAMED))
 def train(
-    model: Annotated[str, typer.Option(help="Hugging Face causal LM directory to start from.")],
-    url: UrlOpt = DEFAULT_URL,
+    model: Annotated[str, typer.Option(help="Hugging Face causal LM directory to start from.",
+                                       rich_help_panel=POLICY)],
+    url: RunUrl = DEFAULT_URL,
     token: Annotated[Optional[str], typer.Option(
         "--token", envvar=["SARA_TRAINER_TOKEN", "SARA_TOKEN"],
-        help="Trainer bearer token.")] = None,
-    checkpoint_dir: Annotated[Path, typer.Option(
-        help="Where checkpoints go (workers must read it); resumes from its latest.")] = Path(
-        "./sara-data/checkpoints"),
-    steps: Annotated[int, typer.Option(min=1, help="Total steps to reach (resumes count).")] = 200,
-    estimator: Annotated[str, typer.Option(
-        help="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, or gae (PPO: trains a "
-             "critic, checkpointed with the policy).")] = "grpo",
-    lr: Annotated[float, typer.Option(min=0.0, help="AdamW learning rate.")] = 1e-4,
-    kl_coef: Annotated[float, typer.Option(min=0.0, help="k3 KL to the starting policy.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="torch seed.")] = 0,
-    checkpoint_every: Annotated[int, typer.Option(
-        min=1, help="Steps between full resume checkpoints (weights + optimiser).")] = 10,
-    publish_every: Annotated[int, typer.Option(
-        min=1, help="Steps between new policy versions for the workers (weights only, bf16 "
-                    "on CUDA, between full checkpoints).")] = 1,
-    device: Annotated[str, typer.Option(
-        help="auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:1 ...")] = "auto",
-    dtype: Annotated[str, typer.Option(
-        help="auto (bf16 compute over fp32 weights on CUDA, fp32 on CPU), float32, "
-             "bfloat16 (bf16 weights too: half the memory, but tiny updates round away).")
-    ] = "auto",
-    micro_batch_tokens: Annotated[int, typer.Option(
-        min=0, help="Padded tokens per forward/backward pass (0: rollouts only).")] = 0,
-    gradient_checkpointing: Annotated[bool, typer.Option(
-        help="Recompute activations in backward (less memory, ~30% more compute).")] = False,
-    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 2,
-    log_level: LogLevelOpt = "info",
-    log_format: LogFormatOpt = None,
+        help="Trainer bearer token.", rich_help_panel=RUN)] = None,
+    log_level: RunLogLevel = "info",
+    log_format: RunLogFormat = None,
     settings: Annotated[Optional[list[str]], typer.Option(
         "--set", help="A TrainerConfig field as KEY=VALUE, repeatable, after the flags: e.g. "
-                      "extra={\"note\": 1} (every other field has its own flag too). Group "
-                      "size, batch size and sampling are the scheduler's settings "
-                      "(SARA_GROUP_SIZE, ...).")
+                      "extra={\"note\": 1}. Group size, batch size and sampling are the "
+                      "scheduler's settings (docs/settings.md).", rich_help_panel=RUN)
     ] = None,
     report_to: Annotated[str, typer.Option(
         help="Experiment tracking, comma-separated: tensorboard, wandb, mlflow, jsonl, all or "
-             "none (each but jsonl needs its extra; WANDB_MODE=offline works offline).")
-    ] = "none",
+             "none (each but jsonl needs its extra; WANDB_MODE=offline works offline).",
+        rich_help_panel=RUN)] = "none",
     logging_dir: Annotated[Path, typer.Option(
-        help="Where --report-to backends write (TensorBoard events, metrics.jsonl, ...).")
-    ] = Path("./sara-data/runs"),
+        help="Where --report-to backends write (TensorBoard events, metrics.jsonl, ...).",
+        rich_help_panel=RUN)] = Path("./sara-data/runs"),
     run_name: Annotated[Optional[str], typer.Option(
-        help="The run's name in W&B / MLflow.")] = None,
+        help="The run's name in W&B / MLflow.", rich_help_panel=RUN)] = None,
     generated: dict[str, Any] | None = None,
 ) -> None:
-    """Pull effective batches, update the policy, checkpoint and publish each new version."""
+    """Pull effective batches, update the policy, checkpoint and publish each new version.
+    Every TrainerConfig field is a flag; unset ones keep TrainerConfig's default (shown)."""
     setup_logging(log_level, log_format)
-    fields = dict(model=model, checkpoint_dir=str(checkpoint_dir), max_steps=steps,
-                  advantage_estimator=estimator, lr=lr, kl_coef=kl_coef, seed=seed,
-                  checkpoint_every=checkpoint_every, publish_every=publish_every, device=device,
-                  dtype=dtype, micro_batch_tokens=micro_batch_tokens,
-                  gradient_checkpointing=gradient_checkpointing, threads=threads,
-                  **(generated or {}))
+    fields = dict(model=model, **(generated or {}))
     fields.update(option_values(settings or [], "--set"))
     config = _config(fields)
     reporter = _make_reporter(report_to, logging_dir, run_name, config)
-    typer.echo(f"sara: trainer {model} -> {url}, checkpoints in {checkpoint_dir}")
+    typer.echo(f"sara: trainer {model} -> {url}, checkpoints in {config.checkpoint_dir}")
     trainer = _run(config, url, token, reporter)
     typer.echo(f"sara: trained to step {trainer.step}, policy v{trainer.version} "
                f"({trainer.checkpoint})")

@@ -211,11 +211,14 @@ def _histogram(s: Mapping[str, Any]) -> Table:
 
 def _workers(s: Mapping[str, Any]) -> Table:
     workers = sorted(s.get("workers") or [],
-                     key=lambda w: (bool(w.get("stale")), str(w.get("worker_id"))))
+                     key=lambda w: (bool(w.get("stale") or w.get("stopped")),
+                                    str(w.get("worker_id"))))
     version = (s.get("policy") or {}).get("version")
     now = s.get("now")
     stale_n = sum(1 for w in workers if w.get("stale"))
-    t = Table(title=f"workers ({len(workers) - stale_n} live, {stale_n} stale)",
+    stopped_n = sum(1 for w in workers if w.get("stopped"))
+    gone = f", {stopped_n} stopped" if stopped_n else ""
+    t = Table(title=f"workers ({len(workers) - stale_n - stopped_n} live, {stale_n} stale{gone})",
               title_style="bold", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (("worker", "left"), ("backend", "left"), ("policy v", "right"),
                           ("rollouts/s", "right"), ("tokens/s", "right"),
@@ -231,8 +234,14 @@ def _workers(s: Mapping[str, Any]) -> Table:
                   Text(f"v{pv}" if _num(pv) else "-", style="yellow" if behind else ""),
                   _f(w.get("rollouts_per_s"), 1), _f(w.get("tokens_per_s"), 0),
                   _f(w.get("rollouts_completed")), _ago(seen),
-                  Text("STALE", style="bold red") if w.get("stale") else Text("live", "green"))
+                  _state(w))
     return t
+
+
+def _state(worker: Mapping[str, Any]) -> Text:
+    if worker.get("stopped"):
+        return Text("stopped", style="dim")
+    return Text("STALE", style="bold red") if worker.get("stale") else Text("live", "green")
 
 
 def _batches(s: Mapping[str, Any]) -> Table:

@@ -26,7 +26,7 @@ from ._runctl import AsyncRunControl
 from .errors import NotFoundError, SaraError
 from .models import (AckResponse, AddPromptsResponse, Batch, GroupOut, HealthResponse,
                      HeartbeatResponse, LeaseResponse, PolicyInfo, PromptIn, PromptOut,
-                     RolloutResult, StatsResponse)
+                     RolloutResult, StatsResponse, WorkerGone)
 
 T = TypeVar("T")
 log = logging.getLogger("sara_client")
@@ -127,6 +127,10 @@ class AsyncSaraClient(AsyncRunControl, BaseSaraClient):
         """
         return await self._send(self._lease_call(worker_id, max_rollouts, wait_s, backend,
                                                     policy_version))
+
+    async def deregister(self, worker_id: str) -> WorkerGone:
+        """A worker that stops leaves the run: it no longer shows in /stats."""
+        return await self._send(self._deregister_call(worker_id))
 
     async def heartbeat(self, lease_id: str, worker_id: str) -> HeartbeatResponse:
         """Extend a lease; the answer lists rollouts this worker should abort."""

@@ -34,7 +34,7 @@ from .models import (AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, 
                      GroupOut, HealthResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
                      LeaseResponse, NextBatchRequest, PolicyInfo, PromptIn, PromptOut,
                      PublishPolicyRequest, ResultsRequest, ResultsResponse, RolloutResult,
-                     StatsResponse)
+                     StatsResponse, WorkerGone)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -348,6 +348,10 @@ class BaseSaraClient:
         request = HeartbeatRequest(worker_id=worker_id)
         return Call("POST", f"/leases/{segment(lease_id)}/heartbeat",
                     partial(parse_model, model=HeartbeatResponse), content=encoded(request))
+
+    def _deregister_call(self, worker_id: str) -> Call[WorkerGone]:
+        return Call("DELETE", f"/workers/{segment(worker_id)}",
+                    partial(parse_model, model=WorkerGone))
 
     def _results_request(self, worker_id: str, results: Sequence[RolloutResult | dict[str, Any]],
                          report_id: str | None = None) -> ResultsRequest:

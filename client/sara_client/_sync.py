@@ -24,7 +24,7 @@ from ._runctl import SyncRunControl
 from .errors import NotFoundError, SaraError
 from .models import (AckResponse, AddPromptsResponse, Batch, GroupOut, HealthResponse,
                      HeartbeatResponse, LeaseResponse, PolicyInfo, PromptIn, PromptOut,
-                     RolloutResult, StatsResponse)
+                     RolloutResult, StatsResponse, WorkerGone)
 
 T = TypeVar("T")
 log = logging.getLogger("sara_client")
@@ -121,6 +121,10 @@ class SaraClient(SyncRunControl, BaseSaraClient):
         """
         return self._send(self._lease_call(worker_id, max_rollouts, wait_s, backend,
                                            policy_version))
+
+    def deregister(self, worker_id: str) -> WorkerGone:
+        """A worker that stops leaves the run: it no longer shows in /stats."""
+        return self._send(self._deregister_call(worker_id))
 
     def heartbeat(self, lease_id: str, worker_id: str) -> HeartbeatResponse:
         """Extend a lease; the answer lists rollouts this worker should abort."""

@@ -155,7 +155,13 @@ class SaraConnectionError(SaraError):
     retryable = True
 
     def __init__(self, error: httpx.TransportError, *, retryable: bool | None = None) -> None:
-        super().__init__(str(error) or type(error).__name__)
+        what = str(error) or type(error).__name__
+        try:   # the URL it tried: what a person needs to see a wrong address or port
+            request = error.request
+            what = f"{request.method} {request.url}: {what}"
+        except RuntimeError:   # an httpx error raised without its request
+            pass
+        super().__init__(what)
         self.error = error
         if retryable is not None:
             self.retryable = retryable

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .compare import arm_summary, compare, standard_error
+from .compare import arm_summary, compare, spent, standard_error
 from .config import DemoConfig, say
 from .evaluate import heldout_accuracy
 
@@ -102,11 +102,14 @@ def _rl_figures(trainer: Any, stats: Any, counters: Any) -> dict[str, Any]:
             "seconds": sum(r.seconds for r in reports)}
 
 
-def _scheduler_figures(stats: Any) -> dict[str, Any]:
-    """The SARA arm's scheduler counters and derived figures."""
+def _scheduler_figures(stats: Any, history: list[dict]) -> dict[str, Any]:
+    """The SARA arm's scheduler counters and derived figures; what its trained steps cost
+    (`compare.spent`) and rollouts per mixed group from that."""
     c, d = stats.counters, stats.derived
+    cost = spent(history)
     return {
-        "rollouts_spent": c.rollouts_completed, "tokens_spent": c.tokens_generated,
+        **cost, "rollouts_completed": c.rollouts_completed,
+        "tokens_generated": c.tokens_generated,
         "rollouts_issued": c.rollouts_issued, "rollouts_cancelled": c.rollouts_cancelled,
         "groups_opened": c.groups_opened, "groups_committed": c.groups_committed,
         "groups_abandoned": c.groups_abandoned, "groups_delivered": c.groups_delivered,
@@ -115,7 +118,8 @@ def _scheduler_figures(stats: Any) -> dict[str, Any]:
         # not what it saved (false abandons cost mixed groups); the DS arm measures that
         "rollouts_not_spent_on_abandoned_groups": c.rollouts_not_spent_on_abandoned_groups,
         "useful_fraction": d.useful_fraction,
-        "rollouts_per_effective_group": d.rollouts_per_effective_group,
+        "rollouts_per_effective_group": (cost["rollouts_spent"] / cost["groups_trained"]
+                                         if cost["groups_trained"] else None),
         "expected_false_abandons": c.expected_false_abandons}
 
 
@@ -137,7 +141,7 @@ def build_summary(cfg: DemoConfig, arms: dict[str, dict[str, Any]], before: dict
                      "by_bucket_before": before["by_bucket"],
                      "by_bucket_after": after["by_bucket"]},
         "rl": _rl_figures(sara["trainer"], sara["stats"], sara["counters"]),
-        "scheduler": _scheduler_figures(sara["stats"]),
+        "scheduler": _scheduler_figures(sara["stats"], sara["history"]),
         "history": sara["history"], "evals": sara["evals"],
         "arms": {name: arm["figures"] for name, arm in arms.items()},
     }

@@ -38,20 +38,33 @@ def standard_error(accuracy: float, n: int) -> float:
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / n) if n > 0 else math.nan
 
 
+def spent(history: list[dict]) -> dict[str, int]:
+    """What the steps trained cost: the rollouts and tokens the scheduler counted for their
+    batches (each batch's `rollouts_spent`, abandoned groups' included), and the groups they
+    held. The one count of rollouts spent the demo shows everywhere: the progress bar, the
+    evaluation curve, the line after each arm, the table and the budget DS runs to. (The
+    scheduler's own counter also holds what was still in flight when RL stopped.)"""
+    last = history[-1] if history else {}
+    return {"rollouts_spent": last.get("rollouts_cum", 0),
+            "tokens_spent": last.get("tokens_cum", 0),
+            "groups_trained": sum(h.get("groups", 0) for h in history)}
+
+
 def arm_summary(policy: str, selection: str, trainer: Any, stats: Any, history: list[dict],
                 evals: list[dict], after: dict[str, Any], seconds: float) -> dict[str, Any]:
     """One arm's measured figures (JSON-ready)."""
     c = stats.counters
-    delivered = c.groups_delivered
+    cost = spent(history)
     return {
         "policy": policy, "selection": selection,
         "steps": trainer.step, "seconds": seconds,
         "accuracy_after": after["accuracy"], "by_bucket_after": after["by_bucket"],
-        "rollouts_spent": c.rollouts_completed, "tokens_spent": c.tokens_generated,
+        **cost, "rollouts_completed": c.rollouts_completed,
         "groups_opened": c.groups_opened, "groups_committed": c.groups_committed,
-        "groups_abandoned": c.groups_abandoned, "groups_delivered": delivered,
+        "groups_abandoned": c.groups_abandoned, "groups_delivered": c.groups_delivered,
         "groups_trained_mixed": sum(h.get("groups_mixed", 0) for h in history),
-        "rollouts_per_mixed_group": (c.rollouts_completed / delivered) if delivered else None,
+        "rollouts_per_mixed_group": (cost["rollouts_spent"] / cost["groups_trained"]
+                                     if cost["groups_trained"] else None),
         "evals": evals,
     }
 

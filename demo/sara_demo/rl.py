@@ -116,7 +116,7 @@ def _trainer_config(cfg: DemoConfig, work: Path, sft_dir: str):
     from sara_trainer.config import TrainerConfig
 
     fields: dict[str, Any] = dict(
-        model=sft_dir, checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
+        model=sft_dir, device="cpu", checkpoint_dir=str(work / "checkpoints"), seed=cfg.seed,
         threads=cfg.rl_threads, lr=cfg.lr, micro_batch_rollouts=512,
         advantage_estimator=cfg.advantage_estimator, max_steps=cfg.rl_steps, checkpoint_every=1,
         keep_checkpoints=3, batch_wait_s=5.0, lr_warmup_steps=cfg.lr_warmup_steps)
@@ -236,9 +236,12 @@ class _StepLog:
             self.budget_spent.set()
             self.stop.set()
         self.history.append(entry)
-        done = min(self.rollouts, self.cfg.rollout_budget) if self.by_rollouts else report.step
+        # the rollouts spent, as everywhere else: a last batch may take them past the budget
+        done = self.rollouts if self.by_rollouts else report.step
+        total = max(done, self.cfg.rollout_budget) if self.by_rollouts else self.cfg.rl_steps
         known = [e["accuracy"] for e in self.evals if "accuracy" in e]
-        self.bars.update(completed=done, step=report.step, acc=f"{100 * known[-1]:.1f}%")
+        self.bars.update(completed=done, total=total, step=report.step,
+                         acc=f"{100 * known[-1]:.1f}%")
 
     def _entry(self, report: Any) -> dict[str, Any]:
         st, m = report.batch_stats, report.metrics

@@ -5,6 +5,7 @@ calls it the same way."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 from collections.abc import Callable
@@ -13,6 +14,36 @@ from typing import Any
 from .http.app import create_app
 from .embedded import EmbeddedRedis
 from .settings import Settings
+
+
+class UnsafeBind(ValueError):
+    """`serve` refused to listen where anyone could do everything: an address other than
+    loopback with no role token set, and `insecure` off."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` listens only for this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:   # a host name: it may resolve to any interface
+        return False
+
+
+def check_bind(settings: Settings, host: str) -> None:
+    """Refuse (UnsafeBind) to serve an open API on an address other machines can reach, as
+    Redis's protected mode does: anyone there could publish a checkpoint every worker loads,
+    delete prompts or drain the run. Tokens, a loopback address or `insecure` let it start."""
+    if settings.auth_enabled or settings.insecure or is_loopback(host):
+        return
+    raise UnsafeBind(
+        f"refusing to listen on {host} with no token set: anyone who can reach it could "
+        "publish a policy checkpoint every worker loads, delete prompts or drain the run. "
+        "Set the role tokens (SARA_WORKER_TOKEN, SARA_TRAINER_TOKEN, SARA_OPERATOR_TOKEN, "
+        "SARA_ADMIN_TOKEN; `python3 scripts/init_env.py` writes random ones to .env, and "
+        "`set -a; . ./.env; set +a` exports them), listen on 127.0.0.1, or accept the risk "
+        "with --insecure (SARA_INSECURE=1)")
 
 
 def app_from_env():
@@ -26,7 +57,9 @@ def serve(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000, work
           **uvicorn_args: Any) -> None:
     """Serve the scheduler until SIGTERM or Ctrl-C. `overrides`: the settings given other than
     by SARA_* variables, which extra worker processes get through their environment; `say`
-    takes the lines a person reads (the embedded Redis's address and its stop)."""
+    takes the lines a person reads (the embedded Redis's address and its stop). UnsafeBind,
+    before anything starts, for an open API on an address others can reach (`check_bind`)."""
+    check_bind(settings, host)
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     embedded = None
     try:
@@ -62,7 +95,7 @@ def describe(settings: Settings, host: str, port: int) -> str:
         auth = f"sara: auth on: bearer tokens for {', '.join(roles)}"
     else:
         auth = (f"sara: auth OPEN: no SARA_*_TOKEN set, anyone who can reach {host}:{port} can "
-                "do everything")
+                "do everything" + (" (--insecure)" if not is_loopback(host) else ""))
     return (f"{auth}\nsara: namespace={settings.namespace} policy={settings.policy} "
             f"k={settings.group_size} tau_low={settings.tau_low} "
             f"batch_size={settings.batch_size}")

@@ -79,10 +79,10 @@ class Settings(BaseSettings):
     prior_alpha: float = Field(1.0, gt=0.0, description="Beta prior: alpha.")
     prior_beta: float = Field(1.0, gt=0.0, description="Beta prior: beta.")
     # Memory runs on the pool's epochs, not on policy versions: a prompt is seen about once an
-    # epoch, often ten or more versions apart, and 0.5 per version (the old default) left 1e-4
-    # of its history by its next visit. See docs/benchmarks.md, "Posterior memory".
+    # epoch, often ten or more versions apart, and 0.5 per version leaves 1e-4 of its history by
+    # its next visit. See docs/benchmarks.md, "Posterior memory".
     posterior_decay: float = Field(1.0, ge=0.0, le=1.0,
-                                   description="lambda per policy version (1: none; was 0.5).")
+                                   description="lambda per policy version (1: none).")
     posterior_half_life: float = Field(
         DEFAULT_HALF_LIFE, gt=0.0, allow_inf_nan=True,
         description="Epochs of the pool after which a posterior's evidence weighs half; inf: "
@@ -182,8 +182,12 @@ class Settings(BaseSettings):
                                        description="Redelivery of an unacked batch.")
     retention_s: float = Field(3600.0, gt=0.0,
                                description="How long finished groups and unseen workers are kept.")
-    worker_stale_s: float = Field(120.0, gt=0.0,
-                                  description="A worker unseen this long shows as stale.")
+    worker_stale_s: float | None = Field(
+        None, gt=0.0, description="A worker unseen this long shows as stale; unset: "
+                                  "lease_ttl_s, three of its heartbeat intervals.")
+    trainer_wait_warn_s: float = Field(
+        30.0, gt=0.0, description="Warn 'waiting for a trainer' once a batch is ready and no "
+                                  "trainer has asked for one for this long.")
     report_ttl_s: float = Field(3600.0, gt=0.0, description="How long the answer to a result "
                                 "report with a report_id is kept for a retry to fetch again.")
 
@@ -204,13 +208,20 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024,
                                 description="Request size cap (413 above).")
 
-    worker_token: SecretStr | None = None
-    trainer_token: SecretStr | None = None
-    operator_token: SecretStr | None = None
-    admin_token: SecretStr | None = None
+    worker_token: SecretStr | None = Field(
+        None, description="Workers' token: leases, heartbeats, results.")
+    trainer_token: SecretStr | None = Field(
+        None, description="The trainer's token: batches, acks, publishing the policy.")
+    operator_token: SecretStr | None = Field(
+        None, description="Read-only token: stats, metrics, groups, prompts, the run's state.")
+    admin_token: SecretStr | None = Field(
+        None, description="Everything, adding prompts and draining the run included.")
     worker_secret: SecretStr | None = Field(
         None, description="Per-worker credentials: a worker's token is derived from this secret "
                           "and its id (`sara worker-token ID`) and acts as that worker only.")
+    insecure: bool = Field(
+        False, description="Let `sara serve` listen on an address other than loopback with no "
+                           "token set, where anyone who reaches it can do everything.")
 
     @model_validator(mode="after")
     def _some_prompt_can_open(self) -> Settings:
@@ -352,6 +363,13 @@ class Settings(BaseSettings):
                 f"{start:.3f} before any rollout, below tau_low={self.tau_low:g}; lower "
                 "SARA_TAU_LOW or raise SARA_GROUP_SIZE or SARA_REWARD_LEVELS")
         return self
+
+    @property
+    def stale_after_s(self) -> float:
+        """Seconds unseen after which a worker shows as stale: worker_stale_s, else lease_ttl_s
+        (a live worker is seen at every lease, heartbeat and report, and heartbeats every
+        third of the lease TTL)."""
+        return self.worker_stale_s or self.lease_ttl_s
 
     @property
     def auth_enabled(self) -> bool:

@@ -94,7 +94,8 @@ async def test_binary_rewards_raise_no_warning(make_api):
     api = await make_api(batch_size=2, prefetch_batches=1)
     await api.add(prompt_spec("m1", "mixed"), prompt_spec("f1", "fail"))
     await api.work("w1", 8)
-    assert (await api.stats())["warnings"] == []
+    warnings = (await api.stats())["warnings"]   # no trainer pulls here: it waits for one
+    assert [w for w in warnings if not w.startswith("waiting for a trainer")] == []
 
 
 async def test_a_new_level_makes_plans_abandon_later(make_api):

@@ -109,7 +109,11 @@ async def test_bad_requests_use_the_error_envelope(api):
     ("operator", "GET", "/prompts", None, 200),
     ("operator", "GET", "/run", None, 200),
     ("trainer", "GET", "/prompts", None, 403),
-    ("worker", "GET", "/run", None, 403),
+    ("worker", "GET", "/run", None, 200),    # a worker that finds no work asks why
+    ("trainer", "GET", "/run", None, 200),
+    ("worker", "DELETE", "/workers/w1", None, 200),   # a worker leaving the run
+    ("trainer", "DELETE", "/workers/w1", None, 403),
+    ("operator", "DELETE", "/workers/w1", None, 403),
     ("operator", "POST", "/run", {"action": "pause"}, 403),
     ("operator", "PATCH", "/prompts/p", {"enabled": False}, 403),
     ("operator", "DELETE", "/prompts/p", None, 403),

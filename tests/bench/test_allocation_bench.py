@@ -181,6 +181,32 @@ def test_small_run_through_the_service(tmp_path):
     assert sara["false_abandon_rate"] < 0.5
 
 
+def test_the_useful_fraction_is_a_fraction_and_uniform_wastes_nothing(tmp_path):
+    """`sara bench`'s quick configuration: the batches of the first round that delivered any
+    are outside the window (their groups were paid for before it), so uniform, which delivers
+    every group it opens, measures exactly 1 and no method more than 1."""
+    prefix = tmp_path / "useful"
+    code = bench.main(["--pool", "standard", "--k", "16", "--methods", "uniform,ds",
+                       "--groups", "256", "--prompts", "256", "--model-reps", "1",
+                       "--no-progress", "--out", str(prefix)])
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(prefix.with_suffix(".json").read_text())["results"]}
+    assert rows["uniform"]["measured"]["useful_fraction"] == 1.0
+    for row in rows.values():
+        assert 0 < row["measured"]["useful_fraction"] <= 1, row["method"]
+        assert all(0 < r["useful_fraction"] <= 1 for r in row["model"]["runs"])
+    text = prefix.with_suffix(".txt").read_text()
+    assert "model = mean of 1 independent run of the reference scheduler; '=' = one more run" \
+        in text
+
+
+def test_progress_names_the_runs_the_table_counts():
+    (cfg,) = bench.configs(bench.parse_args(["--quick"]))
+    names = [job.name for job in bench._jobs([cfg], ["ds"])]
+    assert sorted(names) == ["standard k=16 DS", "standard k=16 DS model 1/1",
+                             "standard k=16 DS model, service's seeds"]
+
+
 def test_history_memory_in_epochs_is_mirrored_by_the_reference_model(tmp_path):
     """The half-life runs on the pool's clock in apply_results.lua, the scheduler and the
     reference model alike: at a half-life of a fraction of an epoch (weights that are not powers

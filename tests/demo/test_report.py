@@ -74,3 +74,27 @@ def test_without_the_ds_arm_the_ds_figure_is_named_an_estimate():
     console = Console(width=160, record=True)
     console.print(render_table(_summary(False)))
     assert "not a measurement" in " ".join(console.export_text().split())
+
+
+def test_the_demo_shows_one_count_of_rollouts_spent():
+    """The scheduler's counter also holds rollouts still in flight when RL stopped (16,868 in
+    a run that trained on 15,924 of a 15,000 budget); the arm, its table row and the curve's
+    last point all say what the trained steps cost."""
+    from types import SimpleNamespace
+
+    from sara_client.models import Counters
+    from sara_demo.compare import arm_summary
+
+    history = [{"step": 1, "rollouts_cum": 7_100, "tokens_cum": 21_000, "groups": 32},
+               {"step": 2, "rollouts_cum": 15_924, "tokens_cum": 47_000, "groups": 32}]
+    stats = SimpleNamespace(counters=Counters(rollouts_completed=16_868, tokens_generated=50_000,
+                                              groups_delivered=80))
+    arm = arm_summary("sara", "epoch", SimpleNamespace(step=2), stats, history,
+                      _curve([0.5, 0.6, 0.7]), {"accuracy": 0.7, "by_bucket": {}}, 1.0)
+    assert (arm["rollouts_spent"], arm["tokens_spent"]) == (15_924, 47_000)
+    assert arm["rollouts_completed"] == 16_868 and arm["groups_trained"] == 64
+    assert arm["rollouts_per_mixed_group"] == pytest.approx(15_924 / 64)
+    summary = _summary(True)
+    summary["arms"]["sara"] = {**summary["arms"]["sara"], **arm}
+    rows = {label: (a, b) for label, a, b in comparison_rows(summary)}
+    assert rows["rollouts spent"][0] == "15,924"

@@ -255,6 +255,11 @@ def test_checkpoint_volume_is_shared_by_workers_and_trainer(gpu, cpu):
     assert checkpoint_mount(cpu["services"]["worker-cpu"]) == trainer
 
 
+def test_workers_load_policies_only_from_the_checkpoint_volume(gpu, cpu):
+    for name, model in (("worker", gpu), ("worker-cpu", cpu)):
+        assert model["services"][name]["environment"]["SARA_CHECKPOINT_ROOT"] == "/checkpoints"
+
+
 def test_every_dockerfile_named_by_compose_exists(gpu, cpu):
     for model in (gpu, cpu):
         for name, service in model["services"].items():

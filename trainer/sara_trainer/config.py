@@ -20,6 +20,24 @@ SCHEDULER_SETTINGS = frozenset({"k", "group_size", "batch_groups", "batch_size",
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+# The fields by group, in the order `sara train --help` shows them (a panel each) and
+# docs/settings.md lists them; every field but `extra` is in exactly one.
+CONFIG_GROUPS: dict[str, tuple[str, ...]] = {
+    "Policy": ("model", "device", "dtype", "gradient_checkpointing", "threads", "seed"),
+    "RL optimisation": (
+        "lr", "lr_warmup_steps", "weight_decay", "grad_clip", "micro_batch_rollouts",
+        "micro_batch_tokens", "logprob_chunk_rows", "updates_per_batch", "advantage_estimator",
+        "advantage_eps", "std_unbiased", "drawn_baseline", "skip_zero_advantage", "clip_eps_low",
+        "clip_eps_high", "kl_coef", "loss_aggregation"),
+    "PPO critic (estimator gae)": (
+        "gamma", "gae_lambda", "critic_lr", "value_clip_eps", "normalize_values",
+        "whiten_advantages", "critic_warmup_steps"),
+    "Steps and checkpoints": ("max_steps", "checkpoint_dir", "checkpoint_every",
+                              "publish_every", "keep_checkpoints"),
+    "Service": ("batch_wait_s",),
+}
+
+
 def doc(help_text: str) -> dict[str, str]:
     """A field's help, where `sara train --help` reads it (``metadata["help"]``)."""
     return {"help": help_text}
@@ -31,7 +49,9 @@ class TrainerConfig:
     model: str = field(
         default="./sara-data/tiny-policy",
         metadata=doc("HF directory (or checkpoint root) to start from"))
-    device: str = field(default="cpu", metadata=doc("cpu, cuda, cuda:N, or auto (cuda if present)"))
+    device: str = field(default="auto",
+                        metadata=doc("auto (cuda when torch sees a GPU, else cpu), cpu, cuda, "
+                                     "cuda:N"))
     dtype: str = field(default="auto", metadata=doc("auto: fp32 weights, bf16 autocast on CUDA"))
     gradient_checkpointing: bool = field(
         default=False, metadata=doc("recompute activations in backward"))
@@ -90,7 +110,8 @@ class TrainerConfig:
     checkpoint_every: int = field(
         default=10, metadata=doc("full resume checkpoints (with the optimiser)"))
     publish_every: int = field(
-        default=0, metadata=doc("weights-only policy versions; 0: = checkpoint_every"))
+        default=1, metadata=doc("steps between weights-only policy versions for the workers "
+                                "(bf16 on CUDA); 0: at checkpoints only"))
     keep_checkpoints: int = field(
         default=3, metadata=doc("full checkpoints kept (older ones are removed)"))
     # service

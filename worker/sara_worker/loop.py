@@ -41,9 +41,11 @@ from sara_client import (
 
 from . import verifiers
 from .backends.base import Backend, Generation
+from .idle import IdleNotice
 from .leases import Leases
 from .reporter import Reporter, WorkerError
-from .support import Backoff, Pulse, WorkerConfig, WorkerCounters, is_fatal, make_result
+from .support import (Backoff, Pulse, Reachability, WorkerConfig, WorkerCounters,
+                      checkpoint_refusal, is_fatal, make_result)
 
 __all__ = ["WorkerLoop", "WorkerConfig", "WorkerCounters", "WorkerError"]
 
@@ -86,7 +88,12 @@ class WorkerLoop:
         self._running = 0
         self._leased_total = 0
         self._loaded_version = self.config.initial_policy_version
-        self._target = PolicyInfo(version=self._loaded_version)
+        self._target = self._loaded = PolicyInfo(version=self._loaded_version)
+        self._refused: PolicyInfo | None = None   # outside checkpoint_root: never loaded
+        url = str(getattr(client, "base_url", "the scheduler"))
+        self._reach = Reachability(url, self.config.give_up_after_s, clock)
+        self._idle = IdleNotice(client, url, clock, self.config.idle_notice_s,
+                                self.config.log_interval_s)
         self._policy_ready = asyncio.Event()
         self._policy_ready.set()
         self._stopping = self._abort_on_stop = self._leasing_done = False
@@ -158,6 +165,7 @@ class WorkerLoop:
         try:
             await self._lease_loop()
             await self._drain(reporter)
+            await self._deregister()
         finally:
             await self._close([reporter, *helpers, *self._tasks,
                                *(h.task for h in self._held.values())])
@@ -233,7 +241,10 @@ class WorkerLoop:
                 await self._transient("lease", exc, backoff)
                 continue
             backoff.reset()
+            self._reach.reached()
             await self._accept(lease)
+            if not self._stopping:
+                await self._idle.note(bool(lease.rollouts or self._held or self._outbox))
             if not lease.rollouts:
                 await self._pulse.pause(self.config.idle_poll_s)
 
@@ -241,16 +252,24 @@ class WorkerLoop:
         """409 stale_weights: load the version it names, then (the caller) lease again."""
         self.counters.stale_refusals += 1
         log.warning("lease refused, weights too old: %s", exc.message)
-        self._note_policy(PolicyInfo(version=exc.current_version, checkpoint=exc.checkpoint))
+        wanted = PolicyInfo(version=exc.current_version, checkpoint=exc.checkpoint)
+        if wanted == self._refused:
+            raise WorkerError(f"the scheduler needs policy v{wanted.version}, refused: "
+                              f"{checkpoint_refusal(wanted.checkpoint, self.config.checkpoint_root)}")
+        self._note_policy(wanted)
         await self.wait_for(lambda: self._policy_ready.is_set() or self._stopping)
 
     async def _transient(self, what: str, exc: SaraError, backoff: Backoff) -> None:
         """Back off after a failed call; raise WorkerError when retrying cannot help."""
         if is_fatal(exc):
             raise WorkerError(f"{what} rejected by the scheduler: {exc}") from exc
+        left = self._reach.left_s(exc)
+        if left == 0:
+            raise WorkerError(self._reach.giving_up(exc)) from exc
         self.counters.transient_errors += 1
-        delay = backoff.next()
-        log.warning("%s failed (%s); retrying in %.2fs", what, exc, delay)
+        delay = backoff.next() if left is None else min(backoff.next(), left)
+        until = "" if left is None else f", giving up in {left:.0f}s"
+        log.warning("%s failed (%s); retrying in %.2fs%s", what, exc, delay, until)
         self._pulse.notify()
         await self._pulse.pause(delay)
 
@@ -305,7 +324,7 @@ class WorkerLoop:
     # --- policy ----------------------------------------------------------------------------------
 
     def _note_policy(self, policy: PolicyInfo) -> None:
-        if policy.version == self._target.version and policy.checkpoint == self._target.checkpoint:
+        if policy == self._target or policy == self._refused:
             return
         self._target = policy
         if policy.version != self._loaded_version and self._policy_ready.is_set():
@@ -321,6 +340,12 @@ class WorkerLoop:
             while self._running:
                 await self._pulse.wait()
             target = self._target
+            refusal = checkpoint_refusal(target.checkpoint, self.config.checkpoint_root)
+            if refusal:   # keep the weights loaded; the scheduler decides whether they still do
+                log.error("refusing policy v%d: %s; generating with v%d", target.version,
+                          refusal, self._loaded_version)
+                self._refused, self._target = target, self._loaded
+                break
             try:
                 await self.backend.load_policy(target.version, target.checkpoint)
             except Exception as exc:
@@ -330,7 +355,7 @@ class WorkerLoop:
                 log.warning("load_policy(v%d) failed: %s; retrying", target.version, exc)
                 await self._pulse.pause(backoff.next())
                 continue
-            self._loaded_version = target.version
+            self._loaded_version, self._loaded = target.version, target
             self.counters.policy_loads += 1
         self._policy_ready.set()
         self._pulse.notify()
@@ -418,3 +443,11 @@ class WorkerLoop:
         if self._outbox:
             log.error("gave up reporting %d results (scheduler unreachable)", len(self._outbox))
             self.counters.dropped += len(self._outbox)
+
+    async def _deregister(self) -> None:
+        """A worker that stops on request leaves the run, so /stats shows it stopped at once
+        instead of live (a failure only costs that: it shows as stale later)."""
+        try:
+            await self.client.deregister(self.config.worker_id)
+        except SaraError as exc:
+            log.warning("could not deregister from the scheduler: %s", exc)

@@ -9,11 +9,12 @@ import random
 import re
 import socket
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal
 
 from sara_client import (
     MAX_COMPLETION_CHARS, MAX_TOKENS_PER_ROLLOUT, AuthenticationError, BadRequestError,
-    PermissionDeniedError, RetryPolicy, RolloutResult, SaraError,
+    PermissionDeniedError, RetryPolicy, RolloutResult, SaraConnectionError, SaraError,
 )
 
 from .backends.base import Generation
@@ -43,7 +44,13 @@ class WorkerConfig:
       the oldest has waited this long, or at once when nothing else is being generated.
     - ``heartbeat_interval_s``: default ``lease_ttl_s / 3`` (set ``lease_ttl_s`` to the
       scheduler's ``SARA_LEASE_TTL_S``).
-    - ``backoff_*``: bounded exponential backoff while the scheduler is unreachable.
+    - ``backoff_*``: bounded exponential backoff while the scheduler is unreachable;
+      ``give_up_after_s``: once it has been unreachable this long, the worker fails (None or 0:
+      it retries for ever).
+    - ``idle_notice_s``: once leases have come back empty this long, the worker asks the
+      scheduler why (GET /run) and logs it, again every ``log_interval_s`` while idle.
+    - ``checkpoint_root``: load policy checkpoints only under this directory; one published
+      elsewhere is refused and the weights loaded stay (None: any).
     - ``max_rollouts``: lease no more than this many in total, then finish and return.
     - ``on_stop``: what :meth:`WorkerLoop.stop` does with rollouts being generated: ``finish``
       them (up to ``drain_timeout_s``), or ``abort`` them. Aborted-by-us rollouts are not
@@ -69,6 +76,9 @@ class WorkerConfig:
     drain_timeout_s: float = 60.0
     initial_policy_version: int = 0
     policy_load_attempts: int = 3
+    give_up_after_s: float | None = 120.0
+    idle_notice_s: float = 10.0
+    checkpoint_root: str | None = None
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.report_batch < 1:
@@ -137,6 +147,45 @@ class Backoff:
 
     def reset(self) -> None:
         self._failures = 0
+
+
+class Reachability:
+    """How long the scheduler has been unreachable (connection errors in a row), and the
+    deadline after which the worker gives up (`give_up_after_s`; None or 0: never)."""
+
+    def __init__(self, url: str, give_up_after_s: float | None,
+                 clock: Callable[[], float]) -> None:
+        self.url, self.limit, self.clock = url, give_up_after_s or None, clock
+        self.since: float | None = None
+
+    def reached(self) -> None:
+        self.since = None
+
+    def left_s(self, exc: SaraError) -> float | None:
+        """Note a failed call; the seconds left before giving up, 0 once they have run out
+        (None: no limit, or not a connection error)."""
+        if not isinstance(exc, SaraConnectionError) or self.limit is None:
+            return None
+        now = self.clock()
+        self.since = now if self.since is None else self.since
+        return max(0.0, self.since + self.limit - now)
+
+    def giving_up(self, exc: SaraError) -> str:
+        """The line a worker fails with once `left_s` has run out."""
+        gone = self.clock() - (self.since if self.since is not None else self.clock())
+        return (f"cannot reach the scheduler at {self.url} for {gone:.0f} s ({exc.message}); "
+                "giving up (--give-up-after)")
+
+
+def checkpoint_refusal(checkpoint: str | None, root: str | None) -> str | None:
+    """Why a policy checkpoint may not be loaded under `checkpoint_root` (None: it may): it
+    must resolve, symbolic links followed, to a path inside the root."""
+    if root is None or checkpoint is None:
+        return None
+    resolved, under = Path(checkpoint).resolve(), Path(root).resolve()
+    if resolved == under or under in resolved.parents:
+        return None
+    return f"checkpoint {checkpoint} is outside the checkpoint root {under}"
 
 
 def is_fatal(exc: SaraError) -> bool:

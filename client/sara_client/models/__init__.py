@@ -17,7 +17,7 @@ from .prompts import (MAX_PAGE, AddPromptsRequest, AddPromptsResponse, ChatMessa
                       Posterior, PromptContent, PromptHistory, PromptIn, PromptOut, PromptPage,
                       PromptState, PromptStateRequest, PromptStateResponse, PromptSummary,
                       StoredPrompt, TextPrompt, prompt_json)
-from .run import RunAction, RunControlRequest, RunState, RunStatus
+from .run import RunAction, RunControlRequest, RunState, RunStatus, WorkerGone
 from .stats import Counters, Derived, Queues, StatsResponse, WorkerStats
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     # groups
     "GroupOut", "GroupSlot", "GroupState",
     # run control
-    "RunAction", "RunControlRequest", "RunState", "RunStatus",
+    "RunAction", "RunControlRequest", "RunState", "RunStatus", "WorkerGone",
     # stats
     "Counters", "Derived", "Queues", "StatsResponse", "WorkerStats",
 ]

@@ -124,7 +124,12 @@ class WorkerStats(AnswerModel):
     backend: str | None = None
     policy_version: int | None = None
     last_seen: float
-    stale: bool
+    last_seen_ago_s: float = Field(0.0, description="Seconds since the worker last leased, "
+                                                    "heartbeated or reported.")
+    stale: bool = Field(description="Unseen for SARA_WORKER_STALE_S (unset: SARA_LEASE_TTL_S, "
+                                    "three heartbeat intervals); its rates are then null.")
+    stopped: bool = Field(False, description="It stopped on request and said so (not stale, "
+                                             "not live; its rates are null) until seen again.")
     rollouts_completed: int = 0
     tokens_generated: int = 0
     leases: int = 0
@@ -149,8 +154,10 @@ class StatsResponse(AnswerModel):
         default_factory=dict, description="Under SARA_EFFECTIVE=reward: reward level (the "
                                           "reward / SARA_REWARD_TOLERANCE grid point) -> rollouts.")
     warnings: list[str] = Field(
-        default_factory=list, description="What the run should know about its configuration: "
-                                          "rewards other than 0/1 under SARA_EFFECTIVE=outcome.")
+        default_factory=list, description="What the run should know about its configuration "
+                                          "and what holds it up: rewards other than 0/1 under "
+                                          "SARA_EFFECTIVE=outcome, ready groups waiting for a "
+                                          "trainer.")
     auto_thresholds: dict[str, Any] | None = Field(
         None, description="Under tau_low=auto: the price rho in force (rollouts per effective "
                           "group), its live and model parts, and the fresh-prompt thresholds.")

@@ -123,13 +123,18 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
         completed = stored_int(info.get("completed"))
         tokens = stored_int(info.get("tokens"))
         first = float(info.get("first_seen", last_seen))
-        # a rate over a few milliseconds of activity says nothing: wait for a second of it
-        span = last_seen - first if last_seen - first >= 1.0 else 0.0
+        # stopped on request (stop_worker.lua) and not seen since
+        stopped = float(info.get("stopped_at", "-inf")) >= last_seen
+        stale = not stopped and now - last_seen > stale_s
+        # a rate over a few milliseconds of activity says nothing: wait for a second of it; a
+        # stale or stopped worker produces nothing now, whatever it did while it was seen
+        span = last_seen - first if last_seen - first >= 1.0 and not (stale or stopped) else 0.0
         version = info.get("policy_version")
         out.append(WorkerStats(
             worker_id=row.worker_id, backend=info.get("backend"), last_seen=last_seen,
+            last_seen_ago_s=max(0.0, now - last_seen),
             policy_version=stored_int(version) if version not in (None, "-1") else None,
-            stale=now - last_seen > stale_s, rollouts_completed=completed,
+            stale=stale, stopped=stopped, rollouts_completed=completed,
             tokens_generated=tokens, leases=stored_int(info.get("leases")),
             rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span)))
     return out
@@ -173,13 +178,41 @@ async def stats_view(store: Store, settings: Settings, now: float,
                     ready_groups=snap.ready_groups, unacked_batches=snap.unacked_batches,
                     flow_target=settings.prefetch_batches * settings.batch_size)
     policy: PolicyInfo = await store.policy.get_policy()
-    return StatsResponse(
+    view = StatsResponse(
         namespace=settings.namespace, run_state=await store.run.run_state(), now=now, policy=policy,
         config=settings.public_config(),
         counters=counters, derived=derived, queues=queues,
         abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),
-        workers=_workers(snap.workers, now, settings.worker_stale_s),
+        workers=_workers(snap.workers, now, settings.stale_after_s),
         recent_batches=snap.recent_batches,
         reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
         warnings=_warnings(snap, settings),
         auto_thresholds=auto.snapshot() if auto is not None else None)
+    view.warnings += await run_warnings(store, settings, now)
+    return view
+
+
+def trainer_wait_warning(ready_groups: int, batch_size: int, trainer_seen: float | None,
+                         now: float, warn_after_s: float) -> str | None:
+    """'waiting for a trainer' when a batch's worth of groups is ready and no trainer has asked
+    for a batch (or acked one) for `warn_after_s`: workers then idle once flow control is full,
+    and nothing in their logs would say why. None otherwise."""
+    if ready_groups < batch_size:
+        return None
+    idle = None if trainer_seen is None else now - trainer_seen
+    if idle is not None and idle < warn_after_s:
+        return None
+    since = "no trainer has asked for a batch yet" if idle is None else \
+        f"no trainer has asked for a batch for {idle:.0f} s"
+    return (f"waiting for a trainer: {ready_groups} groups are ready (a batch is {batch_size}) "
+            f"and {since}; workers idle once flow control is full. Start one that pulls and "
+            "acks batches: `sara consume` (prints them), `sara train --model DIR`, or your "
+            "trainer through the SDK")
+
+
+async def run_warnings(store: Store, settings: Settings, now: float) -> list[str]:
+    """What holds the run up now (GET /run, /stats): ready groups no trainer pulls."""
+    ready, seen = await store.run.trainer_activity()
+    waiting = trainer_wait_warning(ready, settings.batch_size, seen, now,
+                                   settings.trainer_wait_warn_s)
+    return [waiting] if waiting else []

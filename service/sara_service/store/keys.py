@@ -220,8 +220,14 @@ class Keys:
         (set once per run: the warning is said once)."""
         return self._k("stats:non_binary_reward")
 
+    @property
+    def trainer_seen(self) -> str:
+        """String: when a trainer last asked for a batch or acked one (the scheduler's clock),
+        behind the 'waiting for a trainer' warning."""
+        return self._k("trainer:seen")
+
     # workers: zset worker_id -> last seen; worker_info: hash "<worker_id>|<name>" -> value, for
-    # name in completed, tokens, policy_version, leases, first_seen, backend
+    # name in completed, tokens, policy_version, leases, first_seen, backend, stopped_at
     @property
     def workers(self) -> str:
         return self._k("workers")

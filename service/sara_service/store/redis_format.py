@@ -200,7 +200,8 @@ def initial_posterior(alpha0: float, beta0: float, version: int) -> dict[str, An
 
 
 PROMPT_FIELDS = ("prompt", "answer", "task", "meta")  # a stored prompt's JSON
-WORKER_INFO_FIELDS = ("completed", "tokens", "policy_version", "leases", "first_seen", "backend")
+WORKER_INFO_FIELDS = ("completed", "tokens", "policy_version", "leases", "first_seen", "backend",
+                      "stopped_at")
 # The stored format this release reads and writes (the namespace's `format_version` key); a
 # namespace without one is moved forward by store/migrate.py before it is served.
 FORMAT_VERSION = 1
@@ -335,6 +336,7 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           replies=("unknown", "already", "ok")),
     _spec("publish_policy", "policy", "version checkpoint now", replies=("stale", "ok")),
     _spec("prune_workers", "workers worker_info cancels", "seen_before limit"),
+    _spec("stop_worker", "workers worker_info cancels", "now worker_id"),
     _spec("greso_step", "greso stats",
           "version adapt p_start p_min p_max step target_easy target_hard"),
 )}

@@ -160,3 +160,26 @@ class RunStore(ResourceStore):
         """Forget workers last seen before `seen_before` (set, info, cancel list); how many."""
         return int(await self.runner.run("prune_workers",
                                          dict(seen_before=seen_before, limit=limit)))
+
+    @unavailable_on_redis_error
+    async def stop_worker(self, now: float, worker_id: str) -> bool:
+        """stop_worker.lua: a worker that stopped on request shows as stopped at once; True
+        when it was known."""
+        return bool(await self.runner.run("stop_worker", dict(now=now, worker_id=worker_id)))
+
+    # --- the trainer ---------------------------------------------------------------------------
+
+    @unavailable_on_redis_error
+    async def note_trainer(self, now: float) -> None:
+        """A trainer asked for a batch or acked one now. One key, one command: atomic without a
+        script (the last writer is the latest call, or near enough for a warning)."""
+        await self.redis.set(self.keys.trainer_seen, repr(float(now)))
+
+    @unavailable_on_redis_error
+    async def trainer_activity(self) -> tuple[int, float | None]:
+        """(groups ready, when a trainer last asked for a batch or acked one; None: never)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.llen(self.keys.ready)
+        pipe.get(self.keys.trainer_seen)
+        ready, seen = await pipe.execute()
+        return int(ready), (float(seen) if seen is not None else None)

@@ -16,6 +16,7 @@ router = APIRouter(prefix="/batches", tags=["trainer"], dependencies=[TrainerRol
              responses={204: {"description": "No batch ready within wait_s"}})
 async def next_batch(scheduler: SchedulerDep, body: NextBatchRequest | None = None):
     """The next batch of effective groups; long-polls up to wait_s, then 204."""
+    await scheduler.store.run.note_trainer(scheduler.clock())
     batch = await scheduler.next_batch_json(body or NextBatchRequest())
     if batch is None:
         return Response(status_code=204)
@@ -26,4 +27,5 @@ async def next_batch(scheduler: SchedulerDep, body: NextBatchRequest | None = No
              responses={404: {"description": "Unknown batch"}})
 async def ack(batch_id: Identifier, scheduler: SchedulerDep) -> AckResponse:
     """Confirm a batch was consumed; unacked batches are redelivered after their timeout."""
+    await scheduler.store.run.note_trainer(scheduler.clock())
     return await scheduler.ack(batch_id)

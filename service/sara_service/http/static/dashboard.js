@@ -498,8 +498,9 @@
     const table = byTestId("workers-table");
     const body = $("tbody", table);
     const version = (stats.policy || {}).version;
+    const gone = (w) => Boolean(w.stale || w.stopped);
     const workers = (stats.workers || []).slice().sort((a, b) =>
-      (a.stale - b.stale) || String(a.worker_id).localeCompare(String(b.worker_id)));
+      (gone(a) - gone(b)) || String(a.worker_id).localeCompare(String(b.worker_id)));
     const rows = workers.map((w) => {
       const behind = isNum(w.policy_version) && isNum(version) && w.policy_version < version;
       return el("tr", { class: w.stale ? "stale" : "", "data-testid": "worker-row",
@@ -515,8 +516,8 @@
         el("td", { class: "num", text: fmt(w.tokens_generated) }),
         el("td", { class: "num", text: fmt(w.leases) }),
         el("td", { class: "num", text: ago(stats.now - w.last_seen) + " ago" }),
-        el("td", {}, [el("span", { class: "badge " + (w.stale ? "badge-stale" : "badge-ok"),
-                                    text: w.stale ? "STALE" : "live" })]),
+        el("td", {}, [el("span", { class: "badge " + (gone(w) ? "badge-stale" : "badge-ok"),
+                                    text: w.stopped ? "stopped" : w.stale ? "STALE" : "live" })]),
       ]);
     });
     if (rows.length === 0) {
@@ -525,8 +526,10 @@
     body.replaceChildren(...rows);
     table.dataset.rows = String(workers.length);
     const stale = workers.filter((w) => w.stale).length;
+    const stopped = workers.filter((w) => w.stopped).length;
     setText('[data-testid="workers-summary"]',
-      (workers.length - stale) + " live" + (stale ? " · " + stale + " stale" : ""));
+      (workers.length - stale - stopped) + " live" + (stale ? " · " + stale + " stale" : "") +
+      (stopped ? " · " + stopped + " stopped" : ""));
   }
 
   function renderBatches(stats) {
