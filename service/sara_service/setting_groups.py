@@ -33,8 +33,8 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
                   "posterior_half_life")),
     SettingGroup("sara", "Allocator: SARA", "SARA_POLICY=sara: abandon a group once it is "
                  "unlikely to come out mixed.",
-                 ("tau_low", "tau_floor", "auto_refit_groups", "auto_price", "commit",
-                  "audit_fraction")),
+                 ("tau_low", "tau_low_fail", "tau_floor", "auto_refit_groups", "auto_price",
+                  "commit", "audit_fraction")),
     SettingGroup("reinforce_ada", "Allocator: Reinforce-Ada", "SARA_POLICY=reinforce_ada: "
                  "sample in rounds until a group is balanced.",
                  ("ada_round", "ada_keep", "ada_rule")),
@@ -47,9 +47,9 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
                  ("group_sizing", "vk_min", "vk_max", "vk_confidence", "vk_batch")),
     SettingGroup("selection", "Selection", "Which prompts groups open on (SARA_SELECTION: "
                  "epoch, history, dps, mopps, greso), and each rule's parameters.",
-                 ("selection", "tau_skip", "selection_pool", "dps_decay", "dps_prior", "dps_censored",
-                  "mopps_target", "greso_target", "greso_p_start", "greso_p_min", "greso_p_max",
-                  "greso_step")),
+                 ("selection", "tau_skip", "selection_lambda", "selection_rank", "dps_decay",
+                  "dps_prior", "dps_censored", "mopps_target", "greso_target", "greso_p_start",
+                  "greso_p_min", "greso_p_max", "greso_step")),
     SettingGroup("flow", "Flow control", "How many groups are kept ready or in the making, and "
                  "how old a delivered group may be.",
                  ("prefetch_batches", "work_floor", "max_staleness", "max_rollouts_per_batch")),

@@ -110,7 +110,7 @@ class Settings(BaseSettings):
         description="dps/mopps: candidates drawn from the epoch, without replacement, per group "
                     "to open; the best-scored 1 in lambda open and the rest are used up for "
                     "that pass of the pool (DPS's and MoPPS's references: 8 on Countdown, "
-                    "16-32 on MATH). SARA_SELECTION_POOL is its old name.")
+                    "16-32 on MATH). SARA_SELECTION_POOL is read too.")
     selection_rank: SelectionRank = Field(
         "version", description="dps/mopps: rank lambda x batch_size candidates once a policy "
                                "version and open the best batch_size of them, drawing another "
