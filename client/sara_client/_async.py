@@ -25,7 +25,7 @@ from ._base import (
 from ._runctl import AsyncRunControl
 from .errors import NotFoundError, SaraError
 from .models import (AckResponse, AddPromptsResponse, Batch, GroupOut, HealthResponse,
-                     HeartbeatResponse, LeaseResponse, PolicyInfo, PromptIn, PromptOut,
+                     HeartbeatResponse, EngineLoad, LeaseResponse, PolicyInfo, PromptIn, PromptOut,
                      RolloutResult, StatsResponse, WorkerGone)
 
 T = TypeVar("T")
@@ -117,16 +117,17 @@ class AsyncSaraClient(AsyncRunControl, BaseSaraClient):
     # --- workers ---------------------------------------------------------------------------------
 
     async def lease(self, worker_id: str, max_rollouts: int = 64, wait_s: float = 0.0,
-                    backend: str | None = None,
-                    policy_version: int | None = None) -> LeaseResponse:
+                    backend: str | None = None, policy_version: int | None = None,
+                    engine: EngineLoad | None = None) -> LeaseResponse:
         """Lease up to ``max_rollouts`` rollouts, long-polling up to ``wait_s`` when none are ready.
 
         ``lease_id`` is None in the answer when nothing was leased. ``policy_version``: the
         version the caller's weights hold; too old (current minus max_staleness) raises
         :class:`StaleWeightsError`, which names the version and checkpoint to load.
+        ``engine``: how full the caller's engine has been (/stats' engine occupancy).
         """
         return await self._send(self._lease_call(worker_id, max_rollouts, wait_s, backend,
-                                                    policy_version))
+                                                    policy_version, engine))
 
     async def deregister(self, worker_id: str) -> WorkerGone:
         """A worker that stops leaves the run: it no longer shows in /stats."""

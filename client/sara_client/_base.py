@@ -32,7 +32,7 @@ from .errors import (
 from .limits import MAX_WAIT_S
 from .models import (AckResponse, AddPromptsRequest, AddPromptsResponse, Batch, ErrorEnvelope,
                      GroupOut, HealthResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
-                     LeaseResponse, NextBatchRequest, PolicyInfo, PromptIn, PromptOut,
+                     EngineLoad, LeaseResponse, NextBatchRequest, PolicyInfo, PromptIn, PromptOut,
                      PublishPolicyRequest, ResultsRequest, ResultsResponse, RolloutResult,
                      StatsResponse, WorkerGone)
 
@@ -337,10 +337,10 @@ class BaseSaraClient:
     # --- workers ---------------------------------------------------------------------------------
 
     def _lease_call(self, worker_id: str, max_rollouts: int, wait_s: float,
-                    backend: str | None, policy_version: int | None = None
-                    ) -> Call[LeaseResponse]:
+                    backend: str | None, policy_version: int | None = None,
+                    engine: EngineLoad | None = None) -> Call[LeaseResponse]:
         request = LeaseRequest(worker_id=worker_id, max_rollouts=max_rollouts, wait_s=wait_s,
-                               backend=backend, policy_version=policy_version)
+                               backend=backend, policy_version=policy_version, engine=engine)
         return Call("POST", "/leases", partial(parse_model, model=LeaseResponse),
                     content=encoded(request), timeout=self._long_poll_timeout(request.wait_s))
 

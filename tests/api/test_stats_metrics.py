@@ -175,3 +175,34 @@ async def test_metrics_count_requests_by_route_template_not_raw_path(make_api):
     assert by_route[("/leases", "200")] >= 1 and by_route[("/results", "200")] >= 1
     assert fams["sara_http_request_duration_seconds"].type == "histogram"
     assert "process_cpu_seconds" in fams and "python_info" in fams
+
+
+async def test_engine_occupancy_is_what_live_workers_report_weighted_by_slots(make_api):
+    api = await make_api(worker_stale_s=30)
+    await api.add(prompt_spec("m", "mixed"))
+    for worker, occupancy, slots in (("big", 0.9, 64), ("small", 0.3, 16)):
+        await api.ok("POST", "/leases", {"worker_id": worker, "max_rollouts": 1, "wait_s": 0,
+                                         "engine": {"occupancy": occupancy, "slots": slots}})
+    await api.lease("silent", 1)            # reports no engine load: not counted
+    stats = await api.stats()
+    q, rows = stats["queues"], {w["worker_id"]: w for w in stats["workers"]}
+    assert q["engine_slots"] == 80
+    assert q["engine_occupancy"] == pytest.approx((0.9 * 64 + 0.3 * 16) / 80)
+    assert (rows["big"]["engine_occupancy"], rows["big"]["engine_slots"]) == (0.9, 64)
+    assert rows["silent"]["engine_occupancy"] is None
+    fams = families((await api.get("/metrics")).text)
+    assert fams["sara_queue_engine_occupancy"].samples[0].value == pytest.approx(
+        q["engine_occupancy"])
+    # a stale worker's engine no longer counts
+    api.clock.advance(20)
+    await api.ok("POST", "/leases", {"worker_id": "small", "max_rollouts": 1, "wait_s": 0,
+                                     "engine": {"occupancy": 0.5, "slots": 16}})
+    api.clock.advance(15)                    # "big" last seen 35 s ago: stale
+    q = (await api.stats())["queues"]
+    assert (q["engine_occupancy"], q["engine_slots"]) == (0.5, 16)
+
+
+async def test_an_engine_load_out_of_bounds_is_refused_at_the_door(api):
+    r = await api.post("/leases", {"worker_id": "w", "max_rollouts": 1,
+                                   "engine": {"occupancy": 1.5, "slots": 8}})
+    assert r.status_code == 422 and "occupancy" in r.text

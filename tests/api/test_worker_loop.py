@@ -140,6 +140,32 @@ async def test_sim_worker_fills_batches_of_mixed_groups(make_app):
     assert server.groups_abandoned > 0  # SARA cut saturated groups short along the way
 
 
+async def test_the_worker_reports_its_engines_load_with_each_lease(make_app):
+    """Every lease carries the share of the worker's slots generating since its previous one,
+    so /stats shows the engine's occupancy as the worker sees it."""
+    app = make_app(policy="sara", group_size=4, batch_size=4, prefetch_batches=1)
+    client = sdk(app)
+    await client.add_prompts(sim_prompts(60))
+    sent, lease = [], client.lease
+
+    async def recorded(*args, **kw):
+        sent.append(kw.get("engine"))
+        if sent[-1] is not None and len(sent) > 2:   # seen by /stats while the worker is live
+            stats.append(await client.stats())
+        return await lease(*args, **kw)
+
+    stats: list = []
+    client.lease = recorded
+    loop = WorkerLoop(client, SimBackend(seed=1), config("w-load", engine_slots=8))
+    await run_with(loop, Consumer(sdk(app), loop), 2)
+    loads = [e for e in sent if e is not None]
+    assert loads and all(e.slots == 8 and 0.0 <= e.occupancy <= 1.0 for e in loads)
+    assert any(e.occupancy > 0 for e in loads)
+    (row,) = [w for w in stats[-1].workers if w.worker_id == "w-load"]
+    assert row.engine_slots == 8 and row.engine_occupancy is not None
+    assert stats[-1].queues.engine_slots == 8
+
+
 async def test_max_rollouts_ends_the_run(make_app):
     app = make_app(policy="uniform", group_size=4, batch_size=8)
     client = sdk(app)

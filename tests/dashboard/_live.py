@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from sara_client import SaraClient
+from sara_client.models import EngineLoad
 from sara_service.http.app import create_app
 from sara_worker.sim.pool import standard_pool
 from sara_service.settings import Settings
@@ -99,7 +100,9 @@ class Workload:
     @staticmethod
     def _one_round(c: SaraClient, wid: str, rng: random.Random, max_rollouts: int = 32,
                    wait_s: float = 0.0) -> int:
-        lease = c.lease(wid, max_rollouts=max_rollouts, wait_s=wait_s, backend="scripted")
+        # a scripted engine of 16 slots, reporting a load as a worker's engine would
+        lease = c.lease(wid, max_rollouts=max_rollouts, wait_s=wait_s, backend="scripted",
+                        engine=EngineLoad(occupancy=rng.uniform(0.5, 1.0), slots=16))
         if not lease.rollouts:
             return 0
         results = [{"rollout_id": r.rollout_id,

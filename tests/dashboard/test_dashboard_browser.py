@@ -193,11 +193,15 @@ def test_dashboard_live_in_chromium(redis_url, tmp_path):
         "queue-in-flight": d["rollouts_in_flight"], "queue-open-groups": q["open_groups"],
         "queue-ready-groups": q["ready_groups"], "queue-unacked-batches": q["unacked_batches"],
         "queue-expected-yield": q["expected_yield_open"], "queue-flow-target": q["flow_target"],
+        "queue-engine-slots": q["engine_slots"],
+        "derived-delivered-age": d["delivered_age_versions"],
     }
     for testid, value in expected.items():
         assert value is not None, testid
         assert num(shown["tiles"][testid]) == pytest.approx(value, rel=1e-9, abs=1e-12), testid
     assert shown["text"]["tile-groups-delivered"] == f"{c['groups_delivered']:,}"
+    occupancy_shown = shown["text"]["queue-engine-occupancy"]
+    assert occupancy_shown == f"{100 * q['engine_occupancy']:.0f}%" and q["engine_slots"] >= 16
     useful_shown = shown["text"]["tile-useful-fraction"]
     assert useful_shown.endswith("%")
     assert float(useful_shown[:-1]) == pytest.approx(100 * d["useful_fraction"], abs=0.051)

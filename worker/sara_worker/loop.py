@@ -43,6 +43,7 @@ from . import verifiers
 from .backends.base import Backend, Generation
 from .idle import IdleNotice
 from .leases import Leases
+from .occupancy import EngineOccupancy
 from .reporter import Reporter, WorkerError
 from .support import (Backoff, Pulse, Reachability, WorkerConfig, WorkerCounters,
                       checkpoint_refusal, is_fatal, make_result)
@@ -92,6 +93,8 @@ class WorkerLoop:
         self._refused: PolicyInfo | None = None   # outside checkpoint_root: never loaded
         url = str(getattr(client, "base_url", "the scheduler"))
         self._reach = Reachability(url, self.config.give_up_after_s, clock)
+        self._occupancy = EngineOccupancy(self.config.engine_slots or self.config.capacity,
+                                          clock)
         self._idle = IdleNotice(client, url, clock, self.config.idle_notice_s,
                                 self.config.log_interval_s)
         self._policy_ready = asyncio.Event()
@@ -233,7 +236,8 @@ class WorkerLoop:
                 lease = await self.client.lease(self.config.worker_id, want,
                                                 min(self.config.lease_wait_s, MAX_WAIT_S),
                                                 self.config.backend_name or self.backend.name,
-                                                policy_version=self._loaded_version)
+                                                policy_version=self._loaded_version,
+                                                engine=self._occupancy.take())
             except StaleWeightsError as exc:
                 await self._reload_for(exc)
                 continue
@@ -383,6 +387,7 @@ class WorkerLoop:
             return Generation("", 0, "abort"), version
         held.running = True
         self._running += 1
+        self._occupancy.generating(self._running)
         try:
             return await self.backend.generate(held.rollout, version), version
         except Exception as exc:
@@ -393,6 +398,7 @@ class WorkerLoop:
             held.running = False
             held.end_version = self._loaded_version  # before a reload can start
             self._running -= 1
+            self._occupancy.generating(self._running)
             self._pulse.notify()
 
     async def _result(self, held: _Held, gen: Generation, version: int) -> RolloutResult | None:

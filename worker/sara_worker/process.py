@@ -48,12 +48,17 @@ def capacity_for_slots(slots: int) -> int:
     return slots + max(1, int(slots * LEASE_AHEAD))
 
 
-async def fitted_capacity(backend: Any) -> int | None:
-    """`capacity_for_slots` of the backend's engine (``engine_slots()``, the engine's most
-    requests at once). None for a backend without slots to fill (sim, hf, openai) or an engine
-    not startable yet."""
+async def engine_slots(backend: Any) -> int | None:
+    """The backend's engine's most requests at once (``engine_slots()``); None for a backend
+    without slots to fill (sim, hf, openai) or an engine not startable yet."""
     slots_of = getattr(backend, "engine_slots", None)
     slots = await slots_of() if slots_of is not None else None
+    return slots or None
+
+
+async def fitted_capacity(backend: Any) -> int | None:
+    """`capacity_for_slots` of the backend's engine (:func:`engine_slots`); None without one."""
+    slots = await engine_slots(backend)
     return None if not slots else capacity_for_slots(slots)
 
 
@@ -78,11 +83,12 @@ async def run(backend_name: str, options: dict[str, Any], config: WorkerConfig, 
 async def with_fitted_capacity(backend: Any, config: WorkerConfig) -> WorkerConfig:
     """`config` with `fitted_capacity(backend)` as its capacity, or `config` itself where the
     backend has no engine to fill."""
-    capacity = await fitted_capacity(backend)
-    if capacity is None:
+    slots = await engine_slots(backend)
+    if slots is None:
         return config
+    capacity = capacity_for_slots(slots)
     log.info("capacity %d: the engine's max_num_seqs and half as many leased ahead", capacity)
-    return dataclasses.replace(config, capacity=capacity)
+    return dataclasses.replace(config, capacity=capacity, engine_slots=slots)
 
 
 async def run_until_signalled(loop: WorkerLoop) -> WorkerCounters:

@@ -35,6 +35,9 @@ class WorkerConfig:
 
     - ``capacity``: most rollouts held at once (queued or generating); leases ask for the rest.
       ``sara worker`` fits it to a vllm engine (:func:`sara_worker.process.fitted_capacity`).
+    - ``engine_slots``: requests the engine runs at once (vLLM's ``max_num_seqs``, set where
+      the capacity is fitted; None: ``capacity``): what each lease's engine occupancy is a share
+      of (:mod:`sara_worker.occupancy`).
     - ``lease_min_size``: while rollouts are still held, lease again only once this many slots
       are free (default a quarter of ``capacity``): a lease costs a round trip to the scheduler
       whatever its size, and the rollouts still held keep the engine busy meanwhile.
@@ -79,6 +82,7 @@ class WorkerConfig:
     give_up_after_s: float | None = 120.0
     idle_notice_s: float = 10.0
     checkpoint_root: str | None = None
+    engine_slots: int | None = None
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.report_batch < 1:

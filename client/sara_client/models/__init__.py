@@ -9,8 +9,8 @@ from __future__ import annotations
 from .base import AnswerModel, ErrorBody, ErrorEnvelope, HealthResponse, RequestModel
 from .batches import AckResponse, Batch, BatchGroup, BatchRollout, BatchStats, NextBatchRequest
 from .groups import GroupOut, GroupSlot, GroupState
-from .leases import (Decision, GroupDecision, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
-                     LeaseResponse, ResultsRequest, ResultsResponse, Rollout, RolloutResult,
+from .leases import (Decision, EngineLoad, GroupDecision, HeartbeatRequest, HeartbeatResponse,
+                     LeaseRequest, LeaseResponse, ResultsRequest, ResultsResponse, Rollout, RolloutResult,
                      SamplingParams)
 from .policy import PolicyInfo, PublishPolicyRequest
 from .prompts import (MAX_PAGE, AddPromptsRequest, AddPromptsResponse, ChatMessage, ChatPrompt,
@@ -31,7 +31,8 @@ __all__ = [
     # policy
     "PolicyInfo", "PublishPolicyRequest",
     # leases and results
-    "Decision", "GroupDecision", "HeartbeatRequest", "HeartbeatResponse", "LeaseRequest",
+    "Decision", "EngineLoad", "GroupDecision", "HeartbeatRequest", "HeartbeatResponse",
+    "LeaseRequest",
     "LeaseResponse", "ResultsRequest", "ResultsResponse", "Rollout", "RolloutResult",
     "SamplingParams",
     # batches

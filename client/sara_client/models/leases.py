@@ -25,6 +25,16 @@ class SamplingParams(AnswerModel):
     seed: int | None = None
 
 
+class EngineLoad(RequestModel):
+    """How full a worker's engine has been: what /stats shows as engine occupancy."""
+
+    occupancy: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description=(
+        "Time-weighted share of the engine's slots generating since the worker's previous "
+        "lease: min(rollouts generating, slots) / slots."))
+    slots: int = Field(ge=1, le=1_000_000, description=(
+        "Requests the engine runs at once (vLLM's max_num_seqs; else the worker's capacity)."))
+
+
 class LeaseRequest(RequestModel):
     worker_id: Identifier
     max_rollouts: int = Field(default=64, ge=1, le=MAX_ROLLOUTS_PER_LEASE)
@@ -35,6 +45,9 @@ class LeaseRequest(RequestModel):
                                   "the current version minus max_staleness is refused: 409 "
                                   "stale_weights, its detail naming current_version and "
                                   "checkpoint (load it, then lease again). Unset: not checked.")
+    engine: EngineLoad | None = Field(
+        default=None, description="The worker's engine load since its previous lease, for "
+                                  "/stats' engine occupancy. Unset: not reported.")
 
 
 class Rollout(AnswerModel):

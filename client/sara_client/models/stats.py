@@ -117,6 +117,11 @@ class Queues(AnswerModel):
     ready_groups: int
     unacked_batches: int
     flow_target: int = Field(description="prefetch_batches x batch_size.")
+    engine_occupancy: float | None = Field(
+        None, description="The live workers' engines, as they report them with each lease: the "
+                          "share of their slots generating, weighted by slots (null: none "
+                          "reported). Below 1, the engine waits on the scheduler.")
+    engine_slots: int = Field(0, description="The live reporting workers' engine slots.")
 
 
 class WorkerStats(AnswerModel):
@@ -135,6 +140,10 @@ class WorkerStats(AnswerModel):
     leases: int = 0
     rollouts_per_s: float | None = None
     tokens_per_s: float | None = None
+    engine_occupancy: float | None = Field(
+        None, description="Time-weighted share of its engine's slots generating, since its "
+                          "previous lease (what it reported then); null while stale or stopped.")
+    engine_slots: int | None = Field(None, description="Its engine's slots, as it reported them.")
 
 
 class StatsResponse(AnswerModel):

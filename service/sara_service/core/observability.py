@@ -130,14 +130,26 @@ def _workers(rows: list[WorkerRow], now: float, stale_s: float) -> list[WorkerSt
         # stale or stopped worker produces nothing now, whatever it did while it was seen
         span = last_seen - first if last_seen - first >= 1.0 and not (stale or stopped) else 0.0
         version = info.get("policy_version")
+        live = not (stale or stopped)
         out.append(WorkerStats(
             worker_id=row.worker_id, backend=info.get("backend"), last_seen=last_seen,
             last_seen_ago_s=max(0.0, now - last_seen),
             policy_version=stored_int(version) if version not in (None, "-1") else None,
             stale=stale, stopped=stopped, rollouts_completed=completed,
             tokens_generated=tokens, leases=stored_int(info.get("leases")),
-            rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span)))
+            rollouts_per_s=_ratio(completed, span), tokens_per_s=_ratio(tokens, span),
+            engine_occupancy=float(info["occupancy"]) if live and "occupancy" in info else None,
+            engine_slots=stored_int(info["slots"]) if "slots" in info else None))
     return out
+
+
+def fleet_occupancy(workers: list[WorkerStats]) -> tuple[float | None, int]:
+    """The live workers' engines as they report them: occupancy weighted by slots, and the
+    slots (None and 0 while none has reported)."""
+    loads = [(w.engine_occupancy, w.engine_slots) for w in workers
+             if w.engine_occupancy is not None and w.engine_slots]
+    slots = sum(s for _, s in loads)
+    return (sum(o * s for o, s in loads) / slots if slots else None), slots
 
 
 def small_pool_warning(enabled_prompts: int, batch_size: int) -> str | None:
@@ -172,18 +184,21 @@ async def stats_view(store: Store, settings: Settings, now: float,
     snap = await store.run.stats_snapshot()
     counters = _counters(snap.counters)
     derived = derive(counters, settings.group_size)
+    workers = _workers(snap.workers, now, settings.stale_after_s)
+    occupancy, slots = fleet_occupancy(workers)
     queues = Queues(pending=max(0, derived.rollouts_in_flight - snap.leased), leased=snap.leased,
                     open_groups=len(snap.open_group_scores),
                     expected_yield_open=sum(snap.open_group_scores),
                     ready_groups=snap.ready_groups, unacked_batches=snap.unacked_batches,
-                    flow_target=settings.prefetch_batches * settings.batch_size)
+                    flow_target=settings.prefetch_batches * settings.batch_size,
+                    engine_occupancy=occupancy, engine_slots=slots)
     policy: PolicyInfo = await store.policy.get_policy()
     view = StatsResponse(
         namespace=settings.namespace, run_state=await store.run.run_state(), now=now, policy=policy,
         config=settings.public_config(),
         counters=counters, derived=derived, queues=queues,
         abandon_histogram=dict(sorted(snap.abandon_hist.items(), key=lambda x: int(x[0]))),
-        workers=_workers(snap.workers, now, settings.stale_after_s),
+        workers=workers,
         recent_batches=snap.recent_batches,
         reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
         warnings=_warnings(snap, settings),

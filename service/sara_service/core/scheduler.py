@@ -428,7 +428,7 @@ class Scheduler:
             grant = await self.store.leases.lease_with_policy(
                 now, req.worker_id, lease_id, req.max_rollouts, expires_at, key_ttl, req.backend,
                 expire_limit=EXPIRE_BATCH, flow_target=self.flow_target, opening=opening,
-                **self.work_floor)
+                engine=req.engine, **self.work_floor)
             leased, cancel, policy = grant.rollouts, grant.cancel, grant.policy
             if len(leased) < req.max_rollouts and grant.room and (opening is None or grant.dry):
                 if await self.open_groups_for(now, req.max_rollouts - len(leased)):

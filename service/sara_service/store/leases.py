@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sara_client.models import PolicyInfo, RolloutResult
+from sara_client.models import EngineLoad, PolicyInfo, RolloutResult
 
 from . import redis_format as rf
 from ..errors import Conflict, NotFound, UnknownRollouts
@@ -106,13 +106,15 @@ class LeaseStore(ResourceStore):
                                 max_rollouts: int, expires_at: float, key_ttl_s: int,
                                 backend: str | None, expire_limit: int = 0,
                                 flow_target: int = 0, opening: Opening | None = None, *,
-                                floor_target: float = 0.0, floor_ready: int = 0) -> LeaseGrant:
+                                floor_target: float = 0.0, floor_ready: int = 0,
+                                engine: EngineLoad | None = None) -> LeaseGrant:
         """`lease`, plus the policy in force, after first re-queueing up to `expire_limit`
         rollouts whose lease expired (as `expire_leases`): one round trip where a lease call
         took three. With a `flow_target`, also whether open_groups could open a group now; with
         an `opening` too, groups are opened on the epoch queue's next prompts for what the queue
         could not fill, and leased, in the same call. `floor_target` and `floor_ready` are the
-        work floor, as `GroupStore.open_groups` takes them."""
+        work floor, as `GroupStore.open_groups` takes them. `engine`: the worker's engine load,
+        kept for /stats."""
         gids = opening.group_ids if opening else ()
         flat, prompts, cancel, version, checkpoint, room, dry = await self.runner.run(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
@@ -122,7 +124,9 @@ class LeaseStore(ResourceStore):
                           plan=rf.plan_spec_json(opening.plan, opening.commit) if opening else "",
                           audit_fraction=repr(float(opening.audit_fraction)) if opening else 0,
                           seed=opening.seed if opening else 0, group_ids=" ".join(gids),
-                          floor_target=repr(float(floor_target)), floor_ready=floor_ready),
+                          floor_target=repr(float(floor_target)), floor_ready=floor_ready,
+                          engine_occupancy=repr(engine.occupancy) if engine else "",
+                          engine_slots=engine.slots if engine else ""),
             self._lease_keys(lease_id), more_keys=[self.keys.group(gid) for gid in gids])
         content = {prompts[i]: prompts[i + 1] for i in range(0, len(prompts), 2)}
         rollouts = []

@@ -201,7 +201,7 @@ def initial_posterior(alpha0: float, beta0: float, version: int) -> dict[str, An
 
 PROMPT_FIELDS = ("prompt", "answer", "task", "meta")  # a stored prompt's JSON
 WORKER_INFO_FIELDS = ("completed", "tokens", "policy_version", "leases", "first_seen", "backend",
-                      "stopped_at")
+                      "stopped_at", "occupancy", "slots")
 # The stored format this release reads and writes (the namespace's `format_version` key); a
 # namespace without one is moved forward by store/migrate.py before it is served.
 FORMAT_VERSION = 1
@@ -313,7 +313,8 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "group_prompt prompts worker_info policy run_state prompts_retired wake ready "
           "open_yield open_groups group_states posteriors prompts_off epoch_queue",
           "now worker_id lease_id max_rollouts expires_at key_ttl_s backend requeue_limit "
-          "flow_target plan audit_fraction seed group_ids floor_target floor_ready",
+          "flow_target plan audit_fraction seed group_ids floor_target floor_ready "
+          "engine_occupancy engine_slots",
           more_keys="group",
           library=("open",)),
     _spec("heartbeat", "lease lease_rollouts inflight slots cancels workers",

@@ -455,6 +455,9 @@
     setTile("queue-unacked-batches", q.unacked_batches, fmt(q.unacked_batches));
     setTile("queue-expected-yield", q.expected_yield_open, fmt(q.expected_yield_open, 1));
     setTile("queue-flow-target", q.flow_target, fmt(q.flow_target));
+    setTile("queue-engine-occupancy", q.engine_occupancy, pct(q.engine_occupancy, 0));
+    setTile("queue-engine-slots", q.engine_slots, fmt(q.engine_slots));
+    setTile("derived-delivered-age", d.delivered_age_versions, fmt(d.delivered_age_versions, 2));
     lineChart(byTestId("chart-queues"), ts, [
       { values: col("pending"), color: color("pending") },
       { values: col("leased"), color: color("leased") },

@@ -23,6 +23,9 @@
 -- ARGV[13] = group_ids: the ids (space separated) the groups opened here take, in order
 -- ARGV[14] = floor_target, ARGV[15] = floor_ready: the work floor (flow_target_units in
 --            _prelude.lua; floor_target 0: none)
+-- ARGV[16] = engine_occupancy, ARGV[17] = engine_slots: how full the worker's engine has been
+--            since its previous lease, and its slots ('' each: not reported), kept in its
+--            worker_info for /stats
 -- returns {{rollout_id, prompt_id, ...}, {prompt_id, prompt_json, ...} (each leased prompt's
 --          content once; '' for a prompt with none), cancel ids (space separated),
 --          policy version, policy checkpoint ('' = none), room, dry}: room is 1 when
@@ -163,6 +166,9 @@ if got > 0 then
 end
 redis.call('ZADD', WORKERS, now, wid)
 if backend ~= '' then redis.call('HSET', WORKER_INFO, wid .. '|backend', backend) end
+if ARGV[16] ~= '' then
+  redis.call('HSET', WORKER_INFO, wid .. '|occupancy', ARGV[16], wid .. '|slots', ARGV[17])
+end
 local cancel = redis.call('HGET', CANCELS, wid) or ''
 if cancel ~= '' then redis.call('HDEL', CANCELS, wid) end
 local policy = redis.call('HMGET', POLICY, 'version', 'checkpoint')

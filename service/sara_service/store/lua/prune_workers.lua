@@ -7,7 +7,8 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1], 'LIMIT
   tonumber(ARGV[2]))
 for _, wid in ipairs(gone) do
   redis.call('HDEL', KEYS[2], wid .. '|completed', wid .. '|tokens', wid .. '|policy_version',
-    wid .. '|leases', wid .. '|first_seen', wid .. '|backend', wid .. '|stopped_at')
+    wid .. '|leases', wid .. '|first_seen', wid .. '|backend', wid .. '|stopped_at',
+    wid .. '|occupancy', wid .. '|slots')
   redis.call('HDEL', KEYS[3], wid)
   redis.call('ZREM', KEYS[1], wid)
 end
