@@ -10,6 +10,9 @@ but the third-party packages; the repo's own packages are found from pyproject.t
     python scripts/gpu_smoke.py summary DIR STEPS VLLM RC   check the logs in DIR, write
                                                       summary.json; exit 1 on a failed check
     python scripts/gpu_smoke.py bench NAME ARGS...    bench/NAME.py ARGS with the repo's packages
+    python scripts/gpu_smoke.py engine JSON           DS's and SARA's engine occupancy and
+                                                      effective groups per engine-second from
+                                                      an engine-time result
 
 The "smoke" task pays 1 when a completion starts with a character of the first half of the tiny
 tokenizer's alphabet: a random-weight model samples nearly uniformly, so about half its
@@ -274,6 +277,43 @@ def cmd_bench(name: str, args: list[str]) -> int:
     return 0
 
 
+def engine_lines(result: dict) -> list[str]:
+    """What the engine-time run measured at the service's defaults, DS and SARA side by side:
+    engine occupancy, effective groups per engine-second and the delivered groups' age (each
+    with its 95% half-width over rounds), and SARA's effective groups per engine-second over
+    DS's."""
+    lines = ["engine at the service's defaults (bench/engine_time.py --quick):"]
+    policies = result.get("policies", {})
+    for key, label in (("ds", "DS"), ("sara", "SARA")):
+        p = policies.get(key)
+        if not p:
+            continue
+        lines.append(
+            f"  {label:<5} occupancy {100 * p['engine_occupancy']:.0f}% "
+            f"± {100 * p.get('engine_occupancy_ci95', 0.0):.0f}, "
+            f"{p['effective_groups_per_engine_s']:.2f} "
+            f"± {p.get('effective_groups_per_engine_s_ci95', 0.0):.2f} effective groups / "
+            f"engine-s, age {p.get('batches_in_flight') or 0.0:.2f} batches")
+    if "ds" in policies and "sara" in policies:
+        gain = policies["sara"].get("engine_gain_vs_ds")
+        kept = policies["sara"].get("saving_kept")
+        if gain is not None:
+            lines.append(f"  SARA / DS effective groups per engine-s: {gain:.2f}; share of the "
+                         f"rollout saving kept on the engine: {kept:.2f}")
+    return lines
+
+
+def cmd_engine(path: str) -> int:
+    """Print engine_lines of an engine-time JSON result."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"no engine-time result at {path}: {exc}")
+        return 1
+    print("\n".join(engine_lines(result)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
@@ -298,6 +338,8 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd == "bench":
         return cmd_bench(rest[0], rest[1:])
+    if cmd == "engine":  # an engine-time JSON result
+        return cmd_engine(rest[0])
     if cmd == "summary":  # DIR STEPS HAS_VLLM(0/1) TRAIN_RC
         return cmd_summary(rest[0], int(rest[1]), rest[2] == "1", int(rest[3]))
     print(f"unknown command {cmd!r}\n{__doc__}")

@@ -8,7 +8,8 @@
 # time, the trainer's memory estimate beside what its first step measured (on CUDA the check
 # fails outside 0.5-2x), its measured peak GPU memory, the card's peak use, and whether the vLLM
 # worker reloaded each version in place (no engine rebuild). With vLLM on the
-# GPU it then runs bench/engine_time.py --quick there and prints its table.
+# GPU it then runs bench/engine_time.py --quick there, DS and SARA at the service's defaults,
+# and prints its table and each one's engine occupancy and effective groups per engine-second.
 #
 #   scripts/gpu_smoke.sh [--device auto|cuda|cpu] [--steps N (3 on cpu, 5 on cuda)] [--arch qwen2|gpt2]
 #                        [--wheels DIR] [--no-vllm] [--timeout S] [--keep]
@@ -165,12 +166,14 @@ if [ "$HAS_VLLM" = 1 ]; then
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
     PIDS=()
-    say "engine time on $DEVICE (bench/engine_time.py --quick: every policy, the raw engine)"
-    timeout "$TIMEOUT" "${SMOKE[@]}" bench engine_time --quick --model "$WORK/model" \
-        --dtype bfloat16 --max-model-len 256 --gpu-memory-utilization 0.5 --no-write \
+    say "engine time on $DEVICE (bench/engine_time.py --quick: DS and SARA at the service's defaults, the raw engine)"
+    timeout "$TIMEOUT" "${SMOKE[@]}" bench engine_time --quick --policies ds,sara \
+        --model "$WORK/model" --dtype bfloat16 --max-model-len 256 \
+        --gpu-memory-utilization 0.5 --no-write \
         --json "$LOGS/engine_time.json" > "$LOGS/engine_time.log" 2>&1
     BENCH_RC=$?
     sed -n '/^SARA engine time/,$p' "$LOGS/engine_time.log"
+    "${SMOKE[@]}" engine "$LOGS/engine_time.json"
     [ "$BENCH_RC" = 0 ] || { echo "engine time bench failed (exit $BENCH_RC):"; tail -30 "$LOGS/engine_time.log"; RC=1; }
 fi
 say "done (exit $RC); log: $LOGS/gpu_smoke.log"

@@ -103,3 +103,27 @@ def test_verdict_fails_an_estimate_off_by_more_than_2x(tmp_path):
         MEASURED.format(ratio="1.25"), MEASURED.format(ratio="3.10")))
     assert rc == 1 and s["memory_estimate_ratio"] == 3.1
     assert "the memory estimate is 3.1x" in s["result"]
+
+
+def test_the_engine_lines_give_ds_and_sara_occupancy_and_effective_groups(tmp_path):
+    """What the GPU run prints after engine_time: each policy's occupancy and effective groups
+    per engine-second at the defaults, and SARA's gain over DS."""
+    result = {"policies": {
+        "ds": {"engine_occupancy": 0.99, "engine_occupancy_ci95": 0.01,
+               "effective_groups_per_engine_s": 9.1, "effective_groups_per_engine_s_ci95": 0.6,
+               "batches_in_flight": 0.6},
+        "sara": {"engine_occupancy": 0.97, "effective_groups_per_engine_s": 11.0,
+                 "batches_in_flight": 0.8, "engine_gain_vs_ds": 1.21, "saving_kept": 0.97}}}
+    path = tmp_path / "engine_time.json"
+    path.write_text(json.dumps(result))
+    proc = subprocess.run([sys.executable, str(HELPER), "engine", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1].split() == ["DS", "occupancy", "99%", "±", "1,", "9.10", "±", "0.60",
+                                "effective", "groups", "/", "engine-s,", "age", "0.60", "batches"]
+    assert "SARA  occupancy 97%" in lines[2] and "11.00" in lines[2]
+    assert "SARA / DS effective groups per engine-s: 1.21" in lines[3] and "0.97" in lines[3]
+    missing = subprocess.run([sys.executable, str(HELPER), "engine", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no engine-time result" in missing.stdout
