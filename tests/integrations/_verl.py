@@ -1,0 +1,146 @@
+"""What the verl tests share: verl's config composed from the recipe's YAML (examples/verl), a
+tiny Qwen2 policy with a character tokenizer (built here, nothing downloaded), GSM8K-style
+prompts, a stand-in `sara worker` thread, and the stand-in for verl's rollout server.
+
+The stand-in server is the one part that is not verl's: verl 0.9.1 starts its vLLM server only
+on a GPU (its resource pools ask Ray for GPU bundles, and its workers open an NCCL process
+group; docs/integration.md, section 6, has the measured errors). It answers verl's
+``generate(prompt_ids, sampling_params, request_id, ...)`` with a ``TokenOutput`` and
+``abort_request(request_id)`` as vLLMHttpServer does; verl's own load balancer and client call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import ray
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "examples" / "verl"
+K = 4
+# GSM8K's answer line needs '#', which the tiny tokenizer's default characters lack
+CHARSET = "0123456789+-*/=()<>., ?:#abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+PROMPTS = [{"id": f"q{i}", "prompt": [{"role": "user", "content": f"{i}+{i}="}],
+            "answer": str(2 * i), "task": "math"} for i in range(30)]
+
+
+def tiny_qwen(out: Path) -> Path:
+    """A freshly initialised two-layer Qwen2 and its character tokenizer, saved to ``out``."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sara_trainer.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(CHARSET)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def verl_config(recipe: str, url: str, model: Path, *overrides: str) -> Any:
+    """verl's config as ``main_ppo --config-path examples/verl --config-name recipe`` composes
+    it, pointed at this SARA and the tiny policy, resolved as verl's TaskRunner resolves it."""
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(RECIPES), version_base=None):
+        cfg = compose(config_name=recipe, overrides=[
+            f"trainer.v1.sampler.sampler_kwargs.url={url}",
+            f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.rollout.n={K}",
+            "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.response_length=16", "trainer.device=cpu", *overrides])
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+class StandInWorker:
+    """A `sara worker` stand-in in a thread (separate mode): leases, answers each rollout with a
+    few tokens ending in eos and a coin-flip reward, reports with token ids and logprobs."""
+
+    def __init__(self, sara: Any, worker_id: str = "fleet-0", seed: int = 0) -> None:
+        self.sara, self.worker_id, self.rng = sara, worker_id, random.Random(seed)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self) -> StandInWorker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            version = self.sara.get_policy().version
+            lease = self.sara.lease(self.worker_id, max_rollouts=16, wait_s=0.2)
+            results = []
+            for r in lease.rollouts:
+                toks = [4 + self.rng.randrange(40) for _ in range(self.rng.randrange(0, 4))] + [2]
+                results.append({"rollout_id": r.rollout_id, "reward": float(self.rng.random() < .5),
+                                "token_ids": toks, "completion_tokens": len(toks),
+                                "logprobs": [-0.5] * len(toks), "policy_version": version})
+            if results:
+                self.sara.report(self.worker_id, results)
+
+
+@ray.remote
+class StandInServer:
+    """Stands in for verl's vLLMHttpServer (GPU only): GSM8K-style answers, right or wrong by
+    coin flip; a prompt listed in ``hold`` generates until ``abort_request`` (then 'aborted', as
+    vLLM reports it); one listed in ``fail`` raises, as an engine error does."""
+
+    def __init__(self, model: str, seed: int = 0) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.rng = random.Random(seed)
+        self.hold: set[str] = set()
+        self.fail: set[str] = set()
+        self.aborts: dict[str, asyncio.Event] = {}
+        self.seen: list[str] = []
+        self.aborted: list[str] = []
+
+    def configure(self, hold: list[str], fail: list[str]) -> None:
+        self.hold, self.fail = set(hold), set(fail)
+
+    def calls(self) -> tuple[list[str], list[str]]:
+        return list(self.seen), list(self.aborted)
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict, request_id: str,
+                       **_: Any) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.seen.append(request_id)
+        question = re.search(r"(\d+)\+(\d+)=", self.tokenizer.decode(prompt_ids))
+        if question.group(0) in self.fail:
+            raise RuntimeError("engine failure (stand-in)")
+        if question.group(0) in self.hold:
+            event = self.aborts.setdefault(request_id, asyncio.Event())
+            await event.wait()
+            return TokenOutput(token_ids=[], stop_reason="aborted",
+                               extra_fields={"global_steps": 0})
+        right = int(question.group(1)) + int(question.group(2))
+        answer = right if self.rng.random() < 0.5 else right + 1
+        ids = self.tokenizer.encode(f"#### {answer}") + [self.tokenizer.eos_token_id]
+        return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed",
+                           extra_fields={"global_steps": 0})
+
+    async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
+        self.aborted.append(request_id)
+        event = self.aborts.get(request_id)
+        if event is None:
+            return {"aborted": False, "request_id": request_id}
+        event.set()
+        return {"aborted": True, "request_id": request_id}
