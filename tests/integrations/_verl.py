@@ -110,13 +110,17 @@ class StandInServer:
         self.fail: set[str] = set()
         self.aborts: dict[str, asyncio.Event] = {}
         self.seen: list[str] = []
+        self.held: list[str] = []
+        self.failed: list[str] = []
         self.aborted: list[str] = []
 
     def configure(self, hold: list[str], fail: list[str]) -> None:
         self.hold, self.fail = set(hold), set(fail)
 
-    def calls(self) -> tuple[list[str], list[str]]:
-        return list(self.seen), list(self.aborted)
+    def calls(self) -> dict[str, list[str]]:
+        """Request ids: every one seen, those held until aborted, those failed, those aborted."""
+        return {"seen": list(self.seen), "held": list(self.held), "failed": list(self.failed),
+                "aborted": list(self.aborted)}
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict, request_id: str,
                        **_: Any) -> Any:
@@ -125,15 +129,20 @@ class StandInServer:
         self.seen.append(request_id)
         question = re.search(r"(\d+)\+(\d+)=", self.tokenizer.decode(prompt_ids))
         if question.group(0) in self.fail:
+            self.failed.append(request_id)
             raise RuntimeError("engine failure (stand-in)")
         if question.group(0) in self.hold:
+            self.held.append(request_id)
             event = self.aborts.setdefault(request_id, asyncio.Event())
             await event.wait()
             return TokenOutput(token_ids=[], stop_reason="aborted",
                                extra_fields={"global_steps": 0})
         right = int(question.group(1)) + int(question.group(2))
         answer = right if self.rng.random() < 0.5 else right + 1
-        ids = self.tokenizer.encode(f"#### {answer}") + [self.tokenizer.eos_token_id]
+        # the space token by id: the reloaded character tokenizer drops spaces when it encodes
+        space = self.tokenizer.convert_tokens_to_ids(" ")
+        ids = (self.tokenizer.encode("####") + [space] + self.tokenizer.encode(str(answer))
+               + [self.tokenizer.eos_token_id])
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed",
                            extra_fields={"global_steps": 0})
 

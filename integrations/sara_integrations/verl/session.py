@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from sara_client.errors import SaraError, StaleWeightsError
+from sara_client.errors import NotFoundError, SaraError, StaleWeightsError
 from sara_client.limits import FLOOR_LOGPROB
 from sara_client.models import Rollout
 
@@ -177,6 +177,8 @@ class RolloutSession:
                 await asyncio.sleep(1.0)
                 continue
             await self._apply_cancels(lease.cancel)
+            if lease.rollouts:
+                log.debug("leased %d rollouts at v%d", len(lease.rollouts), self.version)
             for rollout in lease.rollouts:
                 self._start(rollout, lease.lease_id or "")
 
@@ -210,6 +212,7 @@ class RolloutSession:
             self.counts["aborted"] += 1
         try:
             answer = await asyncio.to_thread(self.sara.report, self.settings.worker_id, [result])
+            log.debug("reported %s (%s)", held.rollout.rollout_id, result["finish_reason"])
             self.counts["reported"] += 1
             await self._apply_cancels(answer.cancel)
         except SaraError as exc:  # its lease expires and SARA re-issues it
@@ -233,6 +236,8 @@ class RolloutSession:
                 try:
                     beat = await asyncio.to_thread(self.sara.heartbeat, lease_id,
                                                    self.settings.worker_id)
+                except NotFoundError:  # closed: its rollouts were reported or cancelled
+                    continue
                 except SaraError as exc:
                     log.warning("heartbeat of lease %s failed: %s", lease_id, exc)
                     continue
