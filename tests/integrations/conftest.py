@@ -24,10 +24,10 @@ def sara(redis_url):
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_tq():
     """A local Ray in this process with verl's TransferQueue on it (one storage unit), as verl's
-    TaskRunner initialises it; shut down after the session."""
+    TaskRunner initialises it; shut down after the module (other modules start their own Ray)."""
     ray = pytest.importorskip("ray")
     import transfer_queue as tq
     from omegaconf import OmegaConf
