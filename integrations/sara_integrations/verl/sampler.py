@@ -123,6 +123,10 @@ class SaraReplayBuffer(ReplayBuffer):
         force is returned. In separate mode it goes with verl's Hugging Face checkpoint of that
         step, and is not published without one (the workers could not load it)."""
         current = self.sara.get_policy().version
+        if version < current:
+            log.warning("SARA's policy is at v%d, verl's weights at v%d: SARA refuses results "
+                        "more than max_staleness behind; use a fresh SARA namespace for a new run",
+                        current, version)
         if version <= current:
             return current
         checkpoint = None

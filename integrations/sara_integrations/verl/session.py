@@ -25,8 +25,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from sara_client.errors import NotFoundError, SaraError, StaleWeightsError
-from sara_client.limits import FLOOR_LOGPROB
+from sara_client.errors import NotFoundError, StaleWeightsError
+from sara_client.limits import FLOOR_LOGPROB, MAX_ROLLOUTS_PER_LEASE
 from sara_client.models import Rollout
 
 from .settings import SaraVerlSettings
@@ -144,17 +144,24 @@ class RolloutSession:
     async def _pause(self) -> None:
         self._active = False
         self._space.set()
+        for runner in self._runners[1:]:  # the heartbeat loop: no need to wait out its sleep
+            runner.cancel()
         await asyncio.gather(*self._runners, return_exceptions=True)
         self._runners = []
         running = [h for h in self.held.values() if h.task is not None]
-        await asyncio.gather(*(self.engine.abort(h.request_id) for h in running),
-                             return_exceptions=True)
+        await asyncio.gather(*(self._abort(h) for h in running))
         tasks = [h.task for h in running]
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S)
             if late:
                 log.warning("%d aborted rollouts did not come back in %.0fs; their leases will "
                             "expire and SARA re-issues them", len(late), DRAIN_TIMEOUT_S)
+
+    async def _abort(self, held: Held) -> None:
+        try:
+            await self.engine.abort(held.request_id)
+        except Exception as exc:  # the server may have finished it, or be gone
+            log.warning("abort of %s failed: %r", held.rollout.rollout_id, exc)
 
     async def _lease_loop(self) -> None:
         s = self.settings
@@ -166,14 +173,14 @@ class RolloutSession:
                 continue
             try:
                 lease = await asyncio.to_thread(
-                    self.sara.lease, s.worker_id, min(free, 256), s.lease_wait_s, "verl",
-                    self.version)
+                    self.sara.lease, s.worker_id, min(free, MAX_ROLLOUTS_PER_LEASE),
+                    s.lease_wait_s, "verl", self.version)
             except StaleWeightsError as exc:
                 log.error("SARA refuses v%d as too old (%s); waiting for the next weight sync",
                           self.version, exc)
                 return
-            except SaraError as exc:
-                log.warning("lease failed (%s); retrying in 1s", exc)
+            except Exception as exc:  # SARA unreachable or failing: keep trying, never give up
+                log.warning("lease failed (%r); retrying in 1s", exc)
                 await asyncio.sleep(1.0)
                 continue
             await self._apply_cancels(lease.cancel)
@@ -192,8 +199,11 @@ class RolloutSession:
         held.task = asyncio.ensure_future(self._run(held))
 
     async def _run(self, held: Held) -> None:
-        prompt_ids = self.encode(held.rollout.prompt)
+        if held.cancelled or not self._active:  # cancelled or paused before it started
+            await self._report_one(held, aborted_result(held))
+            return
         try:
+            prompt_ids = self.encode(held.rollout.prompt)
             out = await self.engine.generate(held.request_id, prompt_ids)
             if out.stop_reason in ABORTED:
                 result = aborted_result(held, out)
@@ -215,7 +225,7 @@ class RolloutSession:
             log.debug("reported %s (%s)", held.rollout.rollout_id, result["finish_reason"])
             self.counts["reported"] += 1
             await self._apply_cancels(answer.cancel)
-        except SaraError as exc:  # its lease expires and SARA re-issues it
+        except Exception as exc:  # unreported: its lease expires and SARA re-issues it
             log.warning("report of %s failed: %s", held.rollout.rollout_id, exc)
         finally:
             self.held.pop(held.rollout.rollout_id, None)
@@ -227,7 +237,7 @@ class RolloutSession:
             if held is not None and not held.cancelled:
                 held.cancelled = True
                 self.counts["cancelled"] += 1
-                await self.engine.abort(held.request_id)
+                await self._abort(held)
 
     async def _heartbeat_loop(self) -> None:
         while self._active:
@@ -238,7 +248,7 @@ class RolloutSession:
                                                    self.settings.worker_id)
                 except NotFoundError:  # closed: its rollouts were reported or cancelled
                     continue
-                except SaraError as exc:
+                except Exception as exc:
                     log.warning("heartbeat of lease %s failed: %s", lease_id, exc)
                     continue
                 await self._apply_cancels(beat.cancel)

@@ -46,7 +46,7 @@ class SaraVerlSettings:
     lease_wait_s: float = 2.0
     heartbeat_s: float = 10.0
     data_source: str | None = None
-    poll_s: float = 5.0
+    poll_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.url:
