@@ -1,8 +1,9 @@
 """`SaraReplayBuffer` through verl 0.9.1's own classes: verl's trainer builds it from the
 recipe's config (`PPOTrainer._build_replay_buffer`, loading `pkg://sara_integrations.verl`), its
 `sample()` writes SARA's batch into a real TransferQueue (a local Ray in this process) and
-returns the `KVBatchMeta`, and verl's own `PPOTrainer._compute_advantage` runs on those keys:
-GRPO advantages per SARA group, none of them all zero. SARA is the real app served over HTTP on
+returns the `KVBatchMeta`, and verl's own `PPOTrainer` steps that need no model run on those
+keys (`_compute_old_log_prob` in bypass mode, `_compute_advantage`, `_compute_metrics`,
+`_balance_batch`): GRPO advantages per SARA group, none of them all zero. SARA is the real app served over HTTP on
 the tests' real Redis; a stand-in `sara worker` thread generates (the separate mode)."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ need("transfer_queue", "TransferQueue (CI installs it with verl)")
 
 import torch  # noqa: E402
 from sara_client import SaraClient  # noqa: E402
+from verl.trainer.ppo.metric_utils import RolloutMoELoadBalanceMetricsAccumulator  # noqa: E402
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 
 from sara_integrations.verl import SaraReplayBuffer  # noqa: E402
@@ -32,8 +34,11 @@ from ._verl import K, StandInWorker, verl_config  # noqa: E402
 def built_by_verl(cfg):
     """The replay buffer verl's trainer builds from ``cfg`` (its own `_build_replay_buffer`),
     and the trainer stand-in it was built for (config and trainer mode only)."""
-    trainer = SimpleNamespace(config=cfg, trainer_mode=cfg.trainer.v1.trainer_mode,
-                              _add_prompts_to_generate=lambda n: n)
+    trainer = SimpleNamespace(
+        config=cfg, trainer_mode=cfg.trainer.v1.trainer_mode, use_critic=False,
+        _add_prompts_to_generate=lambda n: n, _get_n_gpus_for_throughput=lambda: 1,
+        _rollout_moe_lb_metrics_accumulator=RolloutMoELoadBalanceMetricsAccumulator(
+            model_config=cfg.actor_rollout_ref.model))
     return PPOTrainer._build_replay_buffer(trainer), trainer
 
 
@@ -73,6 +78,19 @@ def test_verl_builds_it_and_trains_on_sara_groups(ray_tq, sara_url, tiny_qwen_di
         expected = (r - r.mean()) / (r.std() + 1e-6)
         assert torch.allclose(adv[j:j + K], expected, atol=1e-4)
         assert adv[j:j + K].abs().sum() > 0
+    # the step's metrics, as verl logs them: its own reader of the fields and tags written
+    metrics: dict = {}
+    PPOTrainer._compute_metrics(trainer, meta, metrics, {"step": 1.0}, global_steps=1, epoch=0)
+    assert metrics["training/num_turns/mean"] == 2
+    assert metrics["training/off_policy/trajectory_staleness/max"] == 0
+    assert metrics["critic/score/mean"] == pytest.approx(rewards.mean().item())
+    # verl's balancing across data-parallel ranks (two of them here) reads the tags' seq_len
+    trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0, 1]})
+    trainer.global_steps, trainer.tokenizer = 1, SimpleNamespace(eos_token_id=2)
+    trainer._get_required_batch_multiple = lambda dp: PPOTrainer._get_required_batch_multiple(
+        trainer, dp)
+    balanced = PPOTrainer._balance_batch(trainer, meta, metrics={})
+    assert sorted(balanced.keys) == sorted(meta.keys)
 
 
 def test_next_step_acks_and_publishes_the_saved_weights(ray_tq, sara_url, tiny_qwen_dir,
@@ -113,7 +131,8 @@ def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_qwen_dir,
                                             "token_ids": [2], "policy_version": 0}
                                            for r in lease.rollouts])
         assert sampling.is_alive() and "meta" not in out
-        assert any("waiting for SARA's batch" in r.message for r in caplog.records)
+        waiting = [r.getMessage() for r in caplog.records if "waiting for SARA's" in r.message]
+        assert waiting and "of decided groups abandoned so far" in waiting[-1]
         with StandInWorker(sara):
             sampling.join(timeout=60)
     assert len(out["meta"].keys) == 2 * K

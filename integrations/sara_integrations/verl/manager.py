@@ -146,7 +146,8 @@ class SaraAgentLoopManager(AgentLoopManagerTQ):
         encode, _ = prompt_encoder(tokenizer)
         engine = VerlEngine(RolloutClient.sharing(llm_client), list(reward_loop_worker_handles),
                             config.actor_rollout_ref.rollout, self.settings.data_source)
-        client = sara or SaraClient(self.settings.url, token=self.settings.token)
+        client = sara or SaraClient(self.settings.url,
+                                    token=self.settings.worker_token or self.settings.token)
         self.session = RolloutSession(client, engine, self.settings, encode).register()
 
     def generate_sequences(self, prompts: TensorDict) -> None:

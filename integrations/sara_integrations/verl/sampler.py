@@ -159,10 +159,13 @@ class SaraReplayBuffer(ReplayBuffer):
 
 
 def log_waiting(stats: Any) -> None:
-    """One line on why no batch is ready yet: SARA's queues and warnings."""
-    q = stats.queues
-    log.info("waiting for SARA's batch: %d ready groups, %d open, %d rollouts pending, %d leased%s",
+    """One line on why no batch is ready yet, from ``/stats``: the run's state, its queues, how
+    many decided groups were abandoned (pure), and its warnings."""
+    q, abandoned = stats.queues, stats.derived.abandon_rate
+    log.info("waiting for SARA's batch (run %s): %d ready groups, %d open, %d rollouts pending, "
+             "%d leased; %s of decided groups abandoned so far%s", stats.run_state,
              q.ready_groups, q.open_groups, q.pending, q.leased,
+             "none" if abandoned is None else f"{abandoned:.0%}",
              "".join(f"; {w}" for w in stats.warnings))
 
 

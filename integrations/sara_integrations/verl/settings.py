@@ -18,7 +18,8 @@ MODES = ("colocated", "separate")
 class SaraVerlSettings:
     """What the sampler and the manager need to reach SARA and to run its rollouts.
 
-    - ``url``, ``token``: the scheduler (``sara serve``) and its trainer/worker token.
+    - ``url``, ``token``: the scheduler (``sara serve``) and the sampler's token (trainer role);
+      ``worker_token``: the colocated manager's (worker role; default: ``token``).
     - ``mode``: ``colocated`` (verl's own rollout servers generate SARA's leased rollouts, through
       :class:`~sara_integrations.verl.SaraAgentLoopManager`) or ``separate`` (``sara worker``
       fleets generate; verl only trains).
@@ -38,6 +39,7 @@ class SaraVerlSettings:
 
     url: str
     token: str | None = None
+    worker_token: str | None = None
     mode: str = "colocated"
     tokenizer: str | None = None
     checkpoint_dir: str | None = None
