@@ -1,6 +1,6 @@
 """What the verl tests share: verl's config composed from the recipe's YAML (examples/verl), a
 tiny Qwen2 policy with a character tokenizer (built here, nothing downloaded), GSM8K-style
-prompts, a stand-in `sara worker` thread, and the stand-in for verl's rollout server.
+prompts, a real `sara worker` process, and the stand-in for verl's rollout server.
 
 The stand-in server is the one part that is not verl's: verl 0.9.1 starts its vLLM server only
 on a GPU (its resource pools ask Ray for GPU bundles, and its workers open an NCCL process
@@ -12,9 +12,11 @@ group; docs/integration.md, section 6, has the measured errors). It answers verl
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
-import threading
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,11 @@ RECIPES = ROOT / "examples" / "verl"
 K = 4
 # GSM8K's answer line needs '#', which the tiny tokenizer's default characters lack
 CHARSET = "0123456789+-*/=()<>., ?:#abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+# GSM8K-style chat prompts: verl's GSM8K scorer grades them in colocated mode (``data_source``),
+# a `sara worker` scores them with its sim verifier (task ``sim``, even odds) in separate mode
 PROMPTS = [{"id": f"q{i}", "prompt": [{"role": "user", "content": f"{i}+{i}="}],
-            "answer": str(2 * i), "task": "math"} for i in range(30)]
+            "answer": str(2 * i), "task": "sim",
+            "meta": {"p_success": 0.5, "data_source": "openai/gsm8k"}} for i in range(30)]
 
 
 def tiny_qwen(out: Path) -> Path:
@@ -64,35 +69,34 @@ def verl_config(recipe: str, url: str, model: Path, *overrides: str) -> Any:
     return cfg
 
 
-class StandInWorker:
-    """A `sara worker` stand-in in a thread (separate mode): leases, answers each rollout with a
-    few tokens ending in eos and a coin-flip reward, reports with token ids and logprobs."""
+class SaraWorker:
+    """A real ``sara worker --backend hf`` on the tiny policy, as a subprocess (separate mode):
+    it generates real token ids and logprobs; the prompts' task ``sim`` scores each with the
+    worker's own sim verifier, reward 1 with ``meta.p_success`` = 0.5."""
 
-    def __init__(self, sara: Any, worker_id: str = "fleet-0", seed: int = 0) -> None:
-        self.sara, self.worker_id, self.rng = sara, worker_id, random.Random(seed)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
+    def __init__(self, url: str, model: Path, log_path: Path, worker_id: str = "fleet-0") -> None:
+        self.cmd = [sys.executable, "-m", "sara_cli", "worker", "--backend", "hf", "--model",
+                    str(model), "--url", url, "--worker-id", worker_id, "--capacity", "16",
+                    "--lease-wait", "0.5", "--seed", "0", "--log-level", "warning"]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> StandInWorker:
-        self.thread.start()
+    def __enter__(self) -> SaraWorker:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SARA_")}
+        env["PYTHONPATH"] = os.pathsep.join(sys.path)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            version = self.sara.get_policy().version
-            lease = self.sara.lease(self.worker_id, max_rollouts=16, wait_s=0.2)
-            results = []
-            for r in lease.rollouts:
-                toks = [4 + self.rng.randrange(40) for _ in range(self.rng.randrange(0, 4))] + [2]
-                results.append({"rollout_id": r.rollout_id, "reward": float(self.rng.random() < .5),
-                                "token_ids": toks, "completion_tokens": len(toks),
-                                "logprobs": [-0.5] * len(toks), "policy_version": version})
-            if results:
-                self.sara.report(self.worker_id, results)
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
 
 @ray.remote

@@ -60,7 +60,8 @@ def sara_url(redis_url):
     from ._verl import PROMPTS
 
     server = LiveServer(Settings(redis_url=redis_url, namespace="verl", group_size=K,
-                                 batch_size=2, tau_low=0.5, lease_ttl_s=60)).start()
+                                 batch_size=2, tau_low=0.5, lease_ttl_s=60,
+                                 max_tokens=8)).start()
     try:
         with SaraClient(server.url) as client:
             client.add_prompts(PROMPTS)

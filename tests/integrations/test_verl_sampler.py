@@ -4,11 +4,13 @@ recipe's config (`PPOTrainer._build_replay_buffer`, loading `pkg://sara_integrat
 returns the `KVBatchMeta`, and verl's own `PPOTrainer` steps that need no model run on those
 keys (`_compute_old_log_prob` in bypass mode, `_compute_advantage`, `_compute_metrics`,
 `_balance_batch`): GRPO advantages per SARA group, none of them all zero. SARA is the real app served over HTTP on
-the tests' real Redis; a stand-in `sara worker` thread generates (the separate mode)."""
+the tests' real Redis; a real `sara worker --backend hf` process on the tiny policy generates
+(the separate mode)."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,7 +30,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 from sara_integrations.verl import SaraReplayBuffer  # noqa: E402
 from sara_integrations.verl.settings import SaraVerlSettings  # noqa: E402
 
-from ._verl import K, StandInWorker, verl_config  # noqa: E402
+from ._verl import K, SaraWorker, verl_config  # noqa: E402
 
 
 def built_by_verl(cfg):
@@ -54,12 +56,12 @@ def advantages(tq, trainer, meta):
     return adv[:, 0]
 
 
-def test_verl_builds_it_and_trains_on_sara_groups(ray_tq, sara_url, tiny_qwen_dir):
+def test_verl_builds_it_and_trains_on_sara_groups(ray_tq, sara_url, tiny_qwen_dir, tmp_path):
     cfg = verl_config("sara_separate", sara_url, tiny_qwen_dir,
                       "algorithm.rollout_correction.bypass_mode=true")
     buffer, trainer = built_by_verl(cfg)
     assert isinstance(buffer, SaraReplayBuffer) and buffer.settings.mode == "separate"
-    with SaraClient(sara_url) as sara, StandInWorker(sara):
+    with SaraWorker(sara_url, tiny_qwen_dir, tmp_path / "worker.log"):
         meta, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=2)
     assert len(meta.keys) == 2 * K and metrics["sara/groups_committed"] >= 2
     uids = [key.split("_")[0] for key in meta.keys]     # the replay buffer's own key parsing
@@ -98,21 +100,25 @@ def test_next_step_acks_and_publishes_the_saved_weights(ray_tq, sara_url, tiny_q
     cfg = verl_config("sara_separate", sara_url, tiny_qwen_dir,
                       f"trainer.default_local_dir={tmp_path}")
     buffer, _ = built_by_verl(cfg)
-    with SaraClient(sara_url) as sara, StandInWorker(sara):
+    with SaraClient(sara_url) as sara, SaraWorker(sara_url, tiny_qwen_dir, tmp_path / "w.log"):
         buffer.sample(global_steps=1, partition_id="train", batch_size=2)
         # step 1 saved no weights: v1 is not published (the workers could not load it)
         buffer.sample(global_steps=2, partition_id="train", batch_size=2)
         assert sara.get_policy().version == 0 and sara.stats().counters.batches_acked == 1
         saved = tmp_path / "global_step_2" / "actor" / "huggingface"
-        saved.mkdir(parents=True)
-        (saved / "config.json").write_text("{}")
+        shutil.copytree(tiny_qwen_dir, saved)        # as verl saves hf_model: the worker loads it
         buffer.sample(global_steps=3, partition_id="train", batch_size=2)
         policy = sara.get_policy()
         assert (policy.version, policy.checkpoint) == (2, str(saved))
         assert sara.stats().counters.batches_acked == 2
+        meta, _ = buffer.sample(global_steps=4, partition_id="train", batch_size=2)
+        workers = {w.worker_id: w.policy_version for w in sara.stats().workers}
+    assert workers["fleet-0"] == 2                      # the worker loaded verl's weights
+    assert {t["max_global_steps"] for t in meta.tags} <= {0, 2}
 
 
-def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_qwen_dir, caplog):
+def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_qwen_dir, caplog,
+                                                tmp_path):
     """No prompt can make a batch yet (every rollout fails): sample() waits, it does not
     raise, and says what it waits for; it returns once mixed groups come."""
     caplog.set_level(logging.INFO, logger="sara.verl")
@@ -133,8 +139,8 @@ def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_qwen_dir,
         assert sampling.is_alive() and "meta" not in out
         waiting = [r.getMessage() for r in caplog.records if "waiting for SARA's" in r.message]
         assert waiting and "of decided groups abandoned so far" in waiting[-1]
-        with StandInWorker(sara):
-            sampling.join(timeout=60)
+        with SaraWorker(sara_url, tiny_qwen_dir, tmp_path / "worker.log"):
+            sampling.join(timeout=90)
     assert len(out["meta"].keys) == 2 * K
 
 
