@@ -1,5 +1,5 @@
 """What the verl tests share: verl's config composed from the recipe's YAML (examples/verl), a
-tiny Qwen2 policy with a character tokenizer (built here, nothing downloaded), GSM8K-style
+tiny Llama policy with a character tokenizer (built here, nothing downloaded), GSM8K-style
 prompts, a real `sara worker` process, and the stand-in for verl's rollout server.
 
 The stand-in server is the one part that is not verl's: verl 0.9.1 starts its vLLM server only
@@ -35,21 +35,22 @@ PROMPTS = [{"id": f"q{i}", "prompt": [{"role": "user", "content": f"{i}+{i}="}],
             "meta": {"p_success": 0.5, "data_source": "openai/gsm8k"}} for i in range(30)]
 
 
-def tiny_qwen(out: Path) -> Path:
-    """A freshly initialised two-layer Qwen2 and its character tokenizer, saved to ``out``."""
+def tiny_llama(out: Path) -> Path:
+    """A freshly initialised two-layer Llama and its character tokenizer, saved to ``out`` (a
+    Llama, not a Qwen2: verl's Qwen prompt builder needs Qwen's own special tokens)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from sara_trainer.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(CHARSET)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

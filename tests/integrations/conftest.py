@@ -1,6 +1,6 @@
 """`sara`: the real app in-process (`sara_client.local`) on the tests' real Redis, k = 4, with
 the stand-in prompt pool loaded; for the verl tests, `sara_url` (the same app over HTTP),
-`ray_tq` (a local Ray with TransferQueue) and `tiny_qwen_dir`."""
+`ray_tq` (a local Ray with TransferQueue) and `tiny_llama_dir`."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ def ray_tq():
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen_dir(tmp_path_factory):
-    from ._verl import tiny_qwen
+def tiny_llama_dir(tmp_path_factory):
+    from ._verl import tiny_llama
 
-    return tiny_qwen(tmp_path_factory.mktemp("tiny_qwen"))
+    return tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
 
 
 @pytest.fixture

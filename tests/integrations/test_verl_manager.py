@@ -6,6 +6,8 @@ sampler verl builds from the same config drives it: the manager leases from SARA
 rollout as one request on the rollout server, scores it, reports it, and stops when the batch is
 there. The rollout server is the stand-in named in `_verl.py` (verl's vLLM server needs a GPU).
 
+Validation runs verl's own agent-loop worker against the same server.
+
 Failure handling: a rollout the server holds is aborted on the server when the step's batch is
 complete and handed back to SARA, which re-issues it alone; one the server fails on is reported
 as an error and re-issued the same way; neither group is lost."""
@@ -49,13 +51,13 @@ def group_of(request_id: str) -> str:
 
 
 @pytest.fixture
-def colocated(ray_tq, sara_url, tiny_qwen_dir):
+def colocated(ray_tq, sara_url, tiny_llama_dir):
     """verl's pieces as its TaskRunner wires them, in colocated mode, around the stand-in."""
-    cfg = verl_config("sara_colocated", sara_url, tiny_qwen_dir,
+    cfg = verl_config("sara_colocated", sara_url, tiny_llama_dir,
                       "actor_rollout_ref.rollout.agent.num_workers=0", "reward.num_workers=1",
                       "+trainer.v1.sampler.sampler_kwargs.poll_s=0.5",
                       "algorithm.rollout_correction.bypass_mode=true")
-    server = StandInServer.remote(str(tiny_qwen_dir))
+    server = StandInServer.remote(str(tiny_llama_dir))
     balancer = get_router_handle(servers={"stand-in:0": server})
     reward = ray.remote(RewardLoopWorker).remote(cfg, None)
     manager_cls = load_class_from_fqn(cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class,
@@ -140,3 +142,43 @@ def test_aborted_and_failed_rollouts_are_reissued_alone(colocated):
         for gid in held_groups:
             group = sara.get_group(gid)
             assert group.done > 0 or group.state != "open"  # its re-issued rollouts ran
+
+
+def test_validation_runs_verls_own_agent_loop(ray_tq, sara_url, tiny_llama_dir):
+    """A validation batch goes through verl's own AgentLoopWorkerTQ (one here) and its
+    single-turn agent loop to the rollout server, and the sampler's base class samples it; SARA
+    leases nothing for it."""
+    cfg = verl_config("sara_colocated", sara_url, tiny_llama_dir,
+                      "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1",
+                      "actor_rollout_ref.rollout.val_kwargs.n=2")
+    server = StandInServer.remote(str(tiny_llama_dir))
+    reward = ray.remote(RewardLoopWorker).remote(cfg, None)
+    manager = SaraAgentLoopManager.create(
+        config=cfg, llm_client=LLMServerClient(cfg, get_router_handle(servers={"s:0": server})),
+        teacher_client=None, reward_loop_worker_handles=[reward])
+    trainer = SimpleNamespace(config=cfg, trainer_mode="sync", _add_prompts_to_generate=lambda n: n)
+    buffer = PPOTrainer._build_replay_buffer(trainer)
+    try:
+        uids = ["val-a", "val-b"]
+        batch = tu.get_tensordict({      # what PPOTrainer._validate hands the manager
+            "uid": np.array(uids, dtype=object), "index": np.arange(2),
+            "raw_prompt": np.array([[{"role": "user", "content": f"{i}+{i}="}] for i in (3, 4)]
+                                   + [None], dtype=object)[:2],
+            "data_source": np.array(["openai/gsm8k"] * 2, dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": "6"},
+                                      {"style": "rule", "ground_truth": "8"}], dtype=object)})
+        tu.assign_non_tensor_data(batch, "global_steps", 0)
+        tu.assign_non_tensor_data(batch, "validate", True)
+        ray_tq.kv_batch_put(keys=uids, partition_id="val", tags=[
+            {"is_prompt": True, "status": "pending", "global_steps": 0}] * 2)
+        manager.generate_sequences(batch)
+        meta, _ = buffer.sample(global_steps=0, partition_id="val", batch_size=2)
+        assert sorted(meta.keys) == [f"{u}_{s}_0" for u in uids for s in (0, 1)]
+        with SaraClient(sara_url) as sara:
+            assert sara.stats().counters.leases_granted == 0
+        assert len(ray.get(server.calls.remote())["seen"]) == 4
+        ray_tq.kv_clear(keys=meta.keys, partition_id="val")
+    finally:
+        manager.session.close()
+        ray.kill(server)
+        ray.kill(reward)

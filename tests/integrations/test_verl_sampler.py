@@ -56,12 +56,12 @@ def advantages(tq, trainer, meta):
     return adv[:, 0]
 
 
-def test_verl_builds_it_and_trains_on_sara_groups(ray_tq, sara_url, tiny_qwen_dir, tmp_path):
-    cfg = verl_config("sara_separate", sara_url, tiny_qwen_dir,
+def test_verl_builds_it_and_trains_on_sara_groups(ray_tq, sara_url, tiny_llama_dir, tmp_path):
+    cfg = verl_config("sara_separate", sara_url, tiny_llama_dir,
                       "algorithm.rollout_correction.bypass_mode=true")
     buffer, trainer = built_by_verl(cfg)
     assert isinstance(buffer, SaraReplayBuffer) and buffer.settings.mode == "separate"
-    with SaraWorker(sara_url, tiny_qwen_dir, tmp_path / "worker.log"):
+    with SaraWorker(sara_url, tiny_llama_dir, tmp_path / "worker.log"):
         meta, metrics = buffer.sample(global_steps=1, partition_id="train", batch_size=2)
     assert len(meta.keys) == 2 * K and metrics["sara/groups_committed"] >= 2
     uids = [key.split("_")[0] for key in meta.keys]     # the replay buffer's own key parsing
@@ -95,18 +95,18 @@ def test_verl_builds_it_and_trains_on_sara_groups(ray_tq, sara_url, tiny_qwen_di
     assert sorted(balanced.keys) == sorted(meta.keys)
 
 
-def test_next_step_acks_and_publishes_the_saved_weights(ray_tq, sara_url, tiny_qwen_dir,
+def test_next_step_acks_and_publishes_the_saved_weights(ray_tq, sara_url, tiny_llama_dir,
                                                         tmp_path):
-    cfg = verl_config("sara_separate", sara_url, tiny_qwen_dir,
+    cfg = verl_config("sara_separate", sara_url, tiny_llama_dir,
                       f"trainer.default_local_dir={tmp_path}")
     buffer, _ = built_by_verl(cfg)
-    with SaraClient(sara_url) as sara, SaraWorker(sara_url, tiny_qwen_dir, tmp_path / "w.log"):
+    with SaraClient(sara_url) as sara, SaraWorker(sara_url, tiny_llama_dir, tmp_path / "w.log"):
         buffer.sample(global_steps=1, partition_id="train", batch_size=2)
         # step 1 saved no weights: v1 is not published (the workers could not load it)
         buffer.sample(global_steps=2, partition_id="train", batch_size=2)
         assert sara.get_policy().version == 0 and sara.stats().counters.batches_acked == 1
         saved = tmp_path / "global_step_2" / "actor" / "huggingface"
-        shutil.copytree(tiny_qwen_dir, saved)        # as verl saves hf_model: the worker loads it
+        shutil.copytree(tiny_llama_dir, saved)        # as verl saves hf_model: the worker loads it
         buffer.sample(global_steps=3, partition_id="train", batch_size=2)
         policy = sara.get_policy()
         assert (policy.version, policy.checkpoint) == (2, str(saved))
@@ -117,12 +117,12 @@ def test_next_step_acks_and_publishes_the_saved_weights(ray_tq, sara_url, tiny_q
     assert {t["max_global_steps"] for t in meta.tags} <= {0, 2}
 
 
-def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_qwen_dir, caplog,
+def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_llama_dir, caplog,
                                                 tmp_path):
     """No prompt can make a batch yet (every rollout fails): sample() waits, it does not
     raise, and says what it waits for; it returns once mixed groups come."""
     caplog.set_level(logging.INFO, logger="sara.verl")
-    cfg = verl_config("sara_separate", sara_url, tiny_qwen_dir,
+    cfg = verl_config("sara_separate", sara_url, tiny_llama_dir,
                       "+trainer.v1.sampler.sampler_kwargs.poll_s=0.2")
     buffer, _ = built_by_verl(cfg)
     out: dict = {}
@@ -139,14 +139,14 @@ def test_it_waits_while_good_prompts_are_scarce(ray_tq, sara_url, tiny_qwen_dir,
         assert sampling.is_alive() and "meta" not in out
         waiting = [r.getMessage() for r in caplog.records if "waiting for SARA's" in r.message]
         assert waiting and "of decided groups abandoned so far" in waiting[-1]
-        with SaraWorker(sara_url, tiny_qwen_dir, tmp_path / "worker.log"):
+        with SaraWorker(sara_url, tiny_llama_dir, tmp_path / "worker.log"):
             sampling.join(timeout=90)
     assert len(out["meta"].keys) == 2 * K
 
 
-def test_validation_is_verls_own_sample(ray_tq, sara_url, tiny_qwen_dir):
+def test_validation_is_verls_own_sample(ray_tq, sara_url, tiny_llama_dir):
     """partition 'val' samples what verl's agent loop put there, through the base class."""
-    cfg = verl_config("sara_separate", sara_url, tiny_qwen_dir)
+    cfg = verl_config("sara_separate", sara_url, tiny_llama_dir)
     buffer, _ = built_by_verl(cfg)
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
@@ -171,8 +171,8 @@ def test_settings_name_the_key_to_fix(kwargs, message):
         SaraVerlSettings.from_kwargs(kwargs)
 
 
-def test_checkpoint_dir_and_tokenizer_come_from_verls_own_keys(sara_url, tiny_qwen_dir):
-    cfg = verl_config("sara_colocated", sara_url, tiny_qwen_dir, "trainer.default_local_dir=/ck")
+def test_checkpoint_dir_and_tokenizer_come_from_verls_own_keys(sara_url, tiny_llama_dir):
+    cfg = verl_config("sara_colocated", sara_url, tiny_llama_dir, "trainer.default_local_dir=/ck")
     kwargs = cfg.trainer.v1.sampler.sampler_kwargs
     assert (kwargs.tokenizer, kwargs.checkpoint_dir, kwargs.mode) == (
-        str(Path(tiny_qwen_dir)), "/ck", "colocated")
+        str(Path(tiny_llama_dir)), "/ck", "colocated")
