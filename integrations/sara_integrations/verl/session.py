@@ -27,6 +27,7 @@ from typing import Any, Callable, Protocol
 
 from sara_client.errors import NotFoundError, StaleWeightsError
 from sara_client.limits import FLOOR_LOGPROB, MAX_ROLLOUTS_PER_LEASE
+from sara_client.local import run_on_loop
 from sara_client.models import Rollout
 
 from .settings import SaraVerlSettings
@@ -92,12 +93,13 @@ class RolloutSession:
         self.held: dict[str, Held] = {}
         self.counts = {"leased": 0, "reported": 0, "aborted": 0, "errors": 0, "cancelled": 0}
         self._active = False
-        self._runners: list[asyncio.Task] = []
+        self._leasing: asyncio.Task | None = None
+        self._heartbeats: asyncio.Task | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sara-verl-session",
                                         daemon=True)
         self._thread.start()
-        self._space = self._call(self._make_event())
+        self._space = run_on_loop(self._make_event(), self._loop)
 
     # --- from the trainer's thread ----------------------------------------------------------
 
@@ -109,11 +111,11 @@ class RolloutSession:
 
     def resume(self, version: int) -> None:
         """Start leasing and generating; the servers hold policy ``version``."""
-        self._call(self._resume(version))
+        run_on_loop(self._resume(version), self._loop)
 
     def pause(self) -> None:
         """Stop leasing, abort what is generating, report it, and return once nothing is held."""
-        self._call(self._pause())
+        run_on_loop(self._pause(), self._loop)
 
     def close(self) -> None:
         """Pause, unregister, and stop the session's thread."""
@@ -123,9 +125,6 @@ class RolloutSession:
                 _SESSIONS.remove(self)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     # --- on the session's loop ----------------------------------------------------------------
 
@@ -138,16 +137,17 @@ class RolloutSession:
         if self._active:
             return
         self._active = True
-        self._runners = [asyncio.ensure_future(self._lease_loop()),
-                         asyncio.ensure_future(self._heartbeat_loop())]
+        self._leasing = asyncio.ensure_future(self._lease_loop())
+        self._heartbeats = asyncio.ensure_future(self._heartbeat_loop())
 
     async def _pause(self) -> None:
         self._active = False
         self._space.set()
-        for runner in self._runners[1:]:  # the heartbeat loop: no need to wait out its sleep
-            runner.cancel()
-        await asyncio.gather(*self._runners, return_exceptions=True)
-        self._runners = []
+        if self._heartbeats is not None:  # no need to wait out its sleep
+            self._heartbeats.cancel()
+        runners = [t for t in (self._leasing, self._heartbeats) if t is not None]
+        await asyncio.gather(*runners, return_exceptions=True)
+        self._leasing = self._heartbeats = None
         running = [h for h in self.held.values() if h.task is not None]
         await asyncio.gather(*(self._abort(h) for h in running))
         tasks = [h.task for h in running]
