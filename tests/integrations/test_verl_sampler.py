@@ -171,8 +171,26 @@ def test_settings_name_the_key_to_fix(kwargs, message):
         SaraVerlSettings.from_kwargs(kwargs)
 
 
-def test_checkpoint_dir_and_tokenizer_come_from_verls_own_keys(sara_url, tiny_llama_dir):
-    cfg = verl_config("sara_colocated", sara_url, tiny_llama_dir, "trainer.default_local_dir=/ck")
+def test_checkpoint_dir_and_tokenizer_come_from_verls_own_keys(tiny_llama_dir):
+    cfg = verl_config("sara_colocated", "http://sara:8000", tiny_llama_dir,
+                      "trainer.default_local_dir=/ck")
     kwargs = cfg.trainer.v1.sampler.sampler_kwargs
     assert (kwargs.tokenizer, kwargs.checkpoint_dir, kwargs.mode) == (
         str(Path(tiny_llama_dir)), "/ck", "colocated")
+
+
+@pytest.mark.parametrize("recipe", ["sara_colocated", "sara_separate"])
+def test_the_recipes_pass_verls_own_config_checks(recipe):
+    """As shipped (no override): what `main_ppo` checks before it starts anything."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from ._verl import RECIPES
+
+    with initialize_config_dir(config_dir=str(RECIPES), version_base=None):
+        cfg = compose(config_name=recipe)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
+                    use_critic=need_critic(cfg))
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.data.train_batch_size == 32
+    assert cfg.trainer.v1.sampler.sampler_kwargs.mode == recipe.removeprefix("sara_")
