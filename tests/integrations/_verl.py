@@ -144,10 +144,7 @@ class StandInServer:
                                extra_fields={"global_steps": 0})
         right = int(question.group(1)) + int(question.group(2))
         answer = right if self.rng.random() < 0.5 else right + 1
-        # the space token by id: the reloaded character tokenizer drops spaces when it encodes
-        space = self.tokenizer.convert_tokens_to_ids(" ")
-        ids = (self.tokenizer.encode("####") + [space] + self.tokenizer.encode(str(answer))
-               + [self.tokenizer.eos_token_id])
+        ids = self.tokenizer.encode(f"#### {answer}") + [self.tokenizer.eos_token_id]
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed",
                            extra_fields={"global_steps": 0})
 
