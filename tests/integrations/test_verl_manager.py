@@ -71,8 +71,8 @@ def colocated(ray_tq, sara_url, tiny_llama_dir):
                               trainer=trainer, tq=ray_tq)
     finally:
         manager.session.close()
-        ray.kill(server)
-        ray.kill(reward)
+        for actor in (server, balancer, reward):
+            ray.kill(actor)
 
 
 def submit_dataloader_prompts(tq, manager, n: int) -> list[str]:
@@ -152,10 +152,11 @@ def test_validation_runs_verls_own_agent_loop(ray_tq, sara_url, tiny_llama_dir):
                       "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1",
                       "actor_rollout_ref.rollout.val_kwargs.n=2")
     server = StandInServer.remote(str(tiny_llama_dir))
+    balancer = get_router_handle(servers={"s:0": server})
     reward = ray.remote(RewardLoopWorker).remote(cfg, None)
     manager = SaraAgentLoopManager.create(
-        config=cfg, llm_client=LLMServerClient(cfg, get_router_handle(servers={"s:0": server})),
-        teacher_client=None, reward_loop_worker_handles=[reward])
+        config=cfg, llm_client=LLMServerClient(cfg, balancer), teacher_client=None,
+        reward_loop_worker_handles=[reward])
     trainer = SimpleNamespace(config=cfg, trainer_mode="sync", _add_prompts_to_generate=lambda n: n)
     buffer = PPOTrainer._build_replay_buffer(trainer)
     try:
@@ -180,5 +181,5 @@ def test_validation_runs_verls_own_agent_loop(ray_tq, sara_url, tiny_llama_dir):
         ray_tq.kv_clear(keys=meta.keys, partition_id="val")
     finally:
         manager.session.close()
-        ray.kill(server)
-        ray.kill(reward)
+        for actor in (server, balancer, reward):
+            ray.kill(actor)
