@@ -1,12 +1,13 @@
 """The colocated rollout session on its own (no Ray, no verl): the real app in-process on the
-tests' real Redis, and a scripted engine. A pause aborts what is still generating and hands it
-back, and SARA re-issues it at once with its group kept open; an engine error is reported as
-one. The engine is the session's own interface (`Engine`), scripted here: verl's is tested in
+tests' real Redis, and a scripted engine. A rollout SARA cancels is aborted on the engine, that
+request alone; a pause aborts what is still generating and hands it back, and SARA re-issues it
+at once with its group kept open; an engine error is reported as one. The engine is the session's own interface (`Engine`), scripted here: verl's is tested in
 test_verl_manager.py."""
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 
 import pytest
@@ -28,6 +29,8 @@ class ScriptedEngine:
         self.waiting: dict[str, asyncio.Event] = {}
         self.aborted: list[str] = []
         self.first_request, self.first_failure = threading.Event(), threading.Event()
+        self.requests: queue.Queue[str] = queue.Queue()
+        self.aborted_requests: queue.Queue[str] = queue.Queue()
 
     async def generate(self, request_id: str, prompt_ids: list[int]) -> Generated:
         if any(prompt_ids == list(map(ord, name)) for name in self.fail):
@@ -35,11 +38,13 @@ class ScriptedEngine:
             raise RuntimeError("engine failure (scripted)")
         event = self.waiting.setdefault(request_id, asyncio.Event())
         self.first_request.set()
+        self.requests.put(request_id)
         await event.wait()
         return Generated([7], None, "aborted")
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+        self.aborted_requests.put(request_id)
         event = self.waiting.get(request_id)
         if event is not None:
             event.set()
@@ -51,9 +56,22 @@ class ScriptedEngine:
         return "stop"
 
 
+def rollout_of(request_id: str) -> str:
+    """The rollout of a session request (``sara-<group>:<slot>-<nonce>``)."""
+    return request_id[len("sara-"):].rsplit("-", 1)[0]
+
+
 def group_of(request_id: str) -> str:
-    """The group of a session request (``sara-<group>:<slot>-<nonce>``)."""
-    return request_id[len("sara-"):].rsplit("-", 1)[0].rpartition(":")[0]
+    """The group of a session request."""
+    return rollout_of(request_id).rpartition(":")[0]
+
+
+def first(requests: queue.Queue, rollout_id: str) -> str:
+    """The first request (from ``requests``, as they come) for ``rollout_id``."""
+    while True:
+        request_id = requests.get(timeout=30)
+        if rollout_of(request_id) == rollout_id:
+            return request_id
 
 
 def session_on(sara, engine: ScriptedEngine) -> RolloutSession:
@@ -99,4 +117,25 @@ def test_an_engine_error_is_reported_as_one(sara):
     finally:
         session.close()
     assert sara.stats().counters.rollouts_errored >= 1 and session.counts["errors"] >= 1
+    assert not session.held
+
+
+def test_a_rollout_sara_cancels_is_aborted_on_the_engine(sara):
+    """Worker A hands a rollout back (abort), the session gets the re-issued copy, then A's late
+    result fills the slot: SARA cancels the session's copy, and the session aborts exactly that
+    request on the engine (its heartbeat brings the cancel)."""
+    lease = sara.lease("A", max_rollouts=1)
+    (rollout,) = lease.rollouts
+    sara.report("A", [{"rollout_id": rollout.rollout_id, "reward": 0.0, "finish_reason": "abort"}])
+    engine = ScriptedEngine()
+    session = session_on(sara, engine)
+    try:
+        session.resume(0)
+        copy = first(engine.requests, rollout.rollout_id)
+        sara.report("A", [{"rollout_id": rollout.rollout_id, "reward": 1.0}])
+        assert first(engine.aborted_requests, rollout.rollout_id) == copy
+        assert session.counts["cancelled"] == 1
+        session.pause()
+    finally:
+        session.close()
     assert not session.held
