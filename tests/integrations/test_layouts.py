@@ -16,7 +16,7 @@ pytest.importorskip("numpy")
 pytest.importorskip("sara_service")
 
 from sara_integrations import openrlhf as orl  # noqa: E402
-from sara_integrations import verl  # noqa: E402
+from sara_integrations.verl import layout as verl  # noqa: E402
 
 from .conftest import K  # noqa: E402
 from ._drive import encode, fake_generate, next_batch  # noqa: E402

@@ -5,25 +5,25 @@ becomes verl's ``DataProto``, verl's own GRPO advantage functions (the v0
 over TransferQueue-style keys) group it as SARA grouped it with no zero-std group left for
 ``algorithm.filter_groups`` to drop, and the rows come back as SARA results.
 
-Skipped where verl does not import. CI installs verl's import closure without its dependency
-pins (.ci/run); the full `pip install verl` pins transformers<5.11, which this project's
-environment does not keep."""
+Skipped where verl does not import, and failed instead under CI, which installs verl's import
+closure without its dependency pins (.ci/run; the full `pip install verl` pins transformers<5.11,
+which this project's environment does not keep)."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests._need import need
+
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 pytest.importorskip("sara_service")
-try:  # verl imports ray, tensordict, omegaconf; any of them missing means: no verl here
-    from verl import DataProto
-    from verl.trainer.ppo.core_algos import AdvantageEstimator
-    from verl.trainer.ppo.ray_trainer import compute_advantage
-    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
-except Exception as exc:  # noqa: BLE001 - ImportError, or a dependency's own import error
-    pytest.skip(f"verl is not importable here: {type(exc).__name__}: {exc}",
-                allow_module_level=True)
+need("verl.trainer.ppo.v1.utils", "verl 0.9 (CI installs verl 0.9.1)")
+
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: E402
+from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 
 from sara_integrations import verl as glue  # noqa: E402
 

@@ -35,13 +35,13 @@ class TinyConfig:
                              f">= 32); got width={self.width}, heads={self.heads}")
 
 
-def build_char_tokenizer():
-    """A fast tokenizer with one token per character, loadable by AutoTokenizer."""
+def build_char_tokenizer(charset: str = CHARSET):
+    """A fast tokenizer with one token per character of `charset`, loadable by AutoTokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for ch in CHARSET:
+    for ch in charset:
         vocab.setdefault(ch, len(vocab))
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")

@@ -1,4 +1,4 @@
-"""SARA batches in verl's data layout, for the recipe in docs/integration.md (section 6).
+"""SARA batches in verl's data layout (docs/integration.md, section 6).
 
 verl's PPO/GRPO trainer groups rollouts by a per-prompt ``uid`` and reads a ``DataProto`` whose
 ``batch`` holds left-padded ``prompts``, right-padded ``responses``, their concatenation
@@ -154,11 +154,15 @@ def v1_records(batch: Any, encode: Encode, pad_token_id: int, *, global_steps: i
     TransferQueue (``tq.kv_batch_put(keys=..., fields=list_of_dict_to_tensordict(fields),
     tags=...)``): one unpadded 1-D tensor per field and trajectory, as
     ``AgentLoopWorkerTQ._agent_loop_postprocess`` writes them, the score as ``rm_scores`` on the
-    last response token, ``uid`` as a field, and the tags the replay buffer and batch balancing
-    read."""
+    last response token, ``uid`` and ``num_turns`` as fields, and the tags the replay buffer,
+    batch balancing and the step's metrics read (``min_global_steps`` / ``max_global_steps``: the
+    policy versions a rollout was generated under, which are verl's weight versions when the
+    sampler publishes them)."""
     tensors, non_tensors = batch_tensors(batch, encode, pad_token_id,
                                          max_response_length=max_response_length)
     keys, fields, tags = v1_keys(non_tensors), [], []
+    versions = [(r.policy_version, r.policy_version if r.policy_version_end is None
+                 else r.policy_version_end) for g in batch.groups for r in g.rollouts]
     width = tensors["prompts"].shape[1]
     for i, uid in enumerate(non_tensors["uid"]):
         pmask = tensors["attention_mask"][i, :width].bool()
@@ -173,9 +177,12 @@ def v1_records(batch: Any, encode: Encode, pad_token_id: int, *, global_steps: i
                  "rm_scores": tensors["token_level_scores"][i][rmask]}
         if "rollout_log_probs" in tensors:
             field["rollout_log_probs"] = tensors["rollout_log_probs"][i][rmask]
+        field["num_turns"] = torch.tensor(2)   # one user turn, one assistant turn
         fields.append(field)
+        first, last = versions[i]
         tags.append({"status": "success", "prompt_len": len(prompt),
                      "response_len": len(response), "seq_len": n, "global_steps": global_steps,
+                     "min_global_steps": first, "max_global_steps": last,
                      "sara_rollout_id": str(non_tensors["sara_rollout_id"][i])})
     return keys, fields, tags
 
