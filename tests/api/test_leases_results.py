@@ -312,3 +312,17 @@ async def test_a_lower_failing_threshold_probes_a_failing_prompt_longer(make_api
     answer = await api.report("w1", [result_for(r) for r in more["rollouts"]])
     assert [d["decision"] for d in answer["decisions"]] == ["abandon"]
     assert (await api.stats())["abandon_histogram"] == {"6": 1}
+
+
+async def test_the_rest_of_a_committed_group_is_leased_first_in_line_for_the_engine(api):
+    """A committed group's remaining rollouts carry priority 1 (an engine scheduling by
+    priority runs them before new groups' probes); a group's first rollouts carry 0."""
+    await api.add(prompt_spec("m", "mixed"), prompt_spec("m2", "mixed"))
+    probe = await api.lease("w1", 4)
+    assert len(probe["rollouts"]) == 4 and {r["priority"] for r in probe["rollouts"]} == {0}
+    await api.report("w1", [result_for(r) for r in probe["rollouts"]])   # commits
+    rest = await api.lease("w1", 8)
+    committed = probe["rollouts"][0]["group_id"]
+    by_group = {(r["group_id"], r["priority"]) for r in rest["rollouts"]}
+    assert (committed, 1) in by_group
+    assert all(p == 0 for g, p in by_group if g != committed)   # a new group's probe

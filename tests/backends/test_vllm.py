@@ -238,3 +238,10 @@ async def test_policy_without_checkpoint_keeps_weights():
     engine = backend.engine = StubEngine(reload_fails=False)
     await backend.load_policy(7, None)
     assert backend.policy_version == 7 and engine.calls == [("version", "7")]
+
+
+def test_the_engine_schedules_by_priority_unless_told_otherwise():
+    # a leased rollout's priority 1 (the rest of a committed group) runs before new probes
+    assert VLLMBackend(model="m").engine_options["scheduling_policy"] == "priority"
+    assert VLLMBackend(model="m", scheduling_policy="fcfs").engine_options[
+        "scheduling_policy"] == "fcfs"

@@ -59,3 +59,4 @@ def test_reload_asleep_follows_vllms_sequence():
                      ("wake_up", ["kv_cache"])]
     assert plan_weight_updates(Engine032(), "auto", True).can_sleep
     assert not plan_weight_updates(EngineOld(), "auto", True).can_sleep
+

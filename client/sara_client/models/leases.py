@@ -59,6 +59,10 @@ class Rollout(AnswerModel):
     answer: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
     sampling: SamplingParams
+    priority: int = Field(0, description=(
+        "1 for the rest of a group already committed (its first rollouts are done): an engine "
+        "that schedules by priority should run it before new groups' first rollouts, so the "
+        "group reaches the trainer a generation sooner."))
 
 
 class LeaseResponse(AnswerModel):

@@ -35,7 +35,7 @@ def _rollout(r: LeasedRollout, sampling: Any) -> dict[str, Any]:
     return {"rollout_id": r.rollout_id, "group_id": r.group_id, "prompt_id": r.prompt_id,
             "prompt": r.prompt["prompt"], "task": r.prompt.get("task", "exact"),
             "answer": r.prompt.get("answer"), "meta": r.prompt.get("meta") or {},
-            "sampling": sampling}
+            "sampling": sampling, "priority": r.priority}
 
 
 def lease_answer(lease_id: str | None, expires_at: float | None, policy: PolicyInfo,

@@ -27,6 +27,7 @@ class LeasedRollout:
     group_id: str
     prompt_id: str
     prompt: dict[str, Any]
+    priority: int = 0   # 1: the rest of a committed group, for the engine to run first
 
 
 # what a leased rollout carries when its prompt's content is gone (neither stored nor retired)
@@ -116,7 +117,7 @@ class LeaseStore(ResourceStore):
         work floor, as `GroupStore.open_groups` takes them. `engine`: the worker's engine load,
         kept for /stats."""
         gids = opening.group_ids if opening else ()
-        flat, prompts, cancel, version, checkpoint, room, dry = await self.runner.run(
+        flat, prompts, cancel, version, checkpoint, room, dry, committed = await self.runner.run(
             "lease", dict(now=now, worker_id=worker_id, lease_id=lease_id,
                           max_rollouts=max_rollouts, expires_at=expires_at, key_ttl_s=key_ttl_s,
                           backend=backend or "", requeue_limit=expire_limit,
@@ -129,13 +130,15 @@ class LeaseStore(ResourceStore):
                           engine_slots=engine.slots if engine else ""),
             self._lease_keys(lease_id), more_keys=[self.keys.group(gid) for gid in gids])
         content = {prompts[i]: prompts[i + 1] for i in range(0, len(prompts), 2)}
+        first = set(rf.split_ids(text(committed)))
         rollouts = []
         for i in range(0, len(flat), 2):
             rid, pid = text(flat[i]), flat[i + 1]
             group_id, _ = split_rollout_id(rid)  # type: ignore[misc]
             raw = content[pid]
             rollouts.append(LeasedRollout(rid, group_id, text(pid),
-                                          shared_prompt(raw) if raw else NO_PROMPT))
+                                          shared_prompt(raw) if raw else NO_PROMPT,
+                                          int(group_id in first)))
         policy = PolicyInfo(version=stored_int(version), checkpoint=text(checkpoint) or None)
         return LeaseGrant(rollouts, rf.split_ids(text(cancel)), policy, int(room) == 1,
                           int(dry) == 1)

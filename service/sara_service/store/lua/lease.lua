@@ -31,8 +31,10 @@
 --          policy version, policy checkpoint ('' = none), room, dry}: room is 1 when
 --          open_groups.lua could open a group now (the run is neither paused nor draining, and
 --          flow control is under its target, the work floor's where it applies), else 0, so
---          a worker that flow control holds back costs one call; dry is 1 when opening groups here found the epoch queue short (the
---          scheduler starts the next epoch and opens the rest)
+--          a worker that flow control holds back costs one call; dry is 1 when opening groups
+--          here found the epoch queue short (the scheduler starts the next epoch and opens the
+--          rest); and the leased groups already committed (space separated): their rollouts
+--          are the rest of a group under way, which an engine should run first
 -- Each key is read and written once per batch of popped ids, not once per rollout.
 local PENDING, SLOTS, INFLIGHT, STATS, CANCELS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local LEASE, LEASE_ROLLOUTS, WORKERS, GROUP_PROMPT = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -113,7 +115,7 @@ local function open_for_rest()
   end
 end
 if got < want and plan_json ~= '' then open_for_rest() end
-local out, prompts = {}, {}
+local out, prompts, committed = {}, {}, {}
 if got > 0 then
   local slots, scored, gids = {}, {}, {}
   for i, rid in ipairs(taken) do
@@ -133,6 +135,9 @@ if got > 0 then
   local pid_of = {}
   for i, pid in ipairs(redis.call('HMGET', GROUP_PROMPT, unpack(group_list))) do
     pid_of[group_list[i]] = pid
+  end
+  for i, state in ipairs(redis.call('HMGET', GROUP_STATES, unpack(group_list))) do
+    if state == 'committed' then committed[#committed + 1] = group_list[i] end
   end
   local unique, seen_pid = {}, {}
   for i, rid in ipairs(taken) do
@@ -177,4 +182,5 @@ if flow_target > 0 and redis.call('EXISTS', RUN_STATE) == 0 and flow_expected(RE
     < flow_target_units(READY, flow_target, floor_target, floor_ready) then
   room = 1
 end
-return {out, prompts, cancel, policy[1] or '0', policy[2] or '', room, dry}
+return {out, prompts, cancel, policy[1] or '0', policy[2] or '', room, dry,
+  table.concat(committed, ' ')}
