@@ -791,29 +791,28 @@ class ModelService:
     def _select(self, count: int, clock: float) -> list[str]:
         if self.m.selection == "epoch":
             return self._pop_epoch(count)
-        # the ranked rounds of core/draws.py at SARA_SELECTION_RANK=version: lambda x B free
-        # candidates from the epoch, the best B kept, a new round at each policy version
+        # core/draws.py at SARA_SELECTION_RANK=version: one round a policy version, lambda x B
+        # free candidates from the epoch and the best B kept; past it, the epoch in order
         if self.round[0] != self.version:
             self.round = (self.version, [])
-        out: list[str] = []
-        for _ in range(math.ceil(count / self.cfg.batch_size) + 2):
-            want = count - len(out)
-            out += self.round[1][:want]
-            del self.round[1][:want]
-            if len(out) >= count:
-                break
             pool: list[str] = []
             self._pop_free(self.cfg.selection_lambda * self.cfg.batch_size, True, pool)
-            pool = [p for p in pool if p not in out]
-            if not pool:
-                break
-            if self.m.selection == "dps":
-                params = DpsParams(decay=self.cfg.dps_decay, prior=1.0)
-                scores = [dps_mixed_probability(dps_observations(self.obs[p], self.m.dps_censored),
-                                                self.version, params) for p in pool]
-            else:
-                scores = [mopps_score(*self._posterior_now(p, clock), self.rng, 0.5) for p in pool]
-            self.round[1].extend(top_by_score(pool, scores, self.cfg.batch_size, self.rng))
+            if pool:
+                if self.m.selection == "dps":
+                    params = DpsParams(decay=self.cfg.dps_decay, prior=1.0)
+                    scores = [dps_mixed_probability(
+                        dps_observations(self.obs[p], self.m.dps_censored), self.version,
+                        params) for p in pool]
+                else:
+                    scores = [mopps_score(*self._posterior_now(p, clock), self.rng, 0.5)
+                              for p in pool]
+                self.round[1].extend(top_by_score(pool, scores, self.cfg.batch_size, self.rng))
+        out = self.round[1][:count]
+        del self.round[1][:count]
+        if len(out) < count:
+            rest: list[str] = []
+            self._pop_free(count - len(out), True, rest)
+            out += [p for p in rest if p not in out]
         return out
 
     def _open(self, wanted: int) -> int:

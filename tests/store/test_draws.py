@@ -41,10 +41,15 @@ async def test_a_round_keeps_the_best_of_lambda_b_and_uses_the_rest_up(store):
     assert len(queue) == POOL - 8                    # lambda x B = 8 candidates left the epoch
     popped = {f"p{i}" for i in range(POOL)} - {q.decode() for q in queue}
     assert first == sorted(popped, key=lambda p: -int(p[1:]))[:4]
-    # the round is spent: the next opening at the same version draws a new one, disjoint
+    # the step's ranking is spent: the next opening at the same version takes the epoch's next
+    # prompts in order, unranked
     second = await draws.ranked(4, version=0)
-    assert not set(second) & popped and len(await store.redis.lrange(
-        store.keys.epoch_queue, 0, -1)) == POOL - 16
+    assert second == [q.decode() for q in queue[:4]]
+    assert await store.redis.llen(store.keys.epoch_queue) == POOL - 12
+    # the next version ranks a new round
+    third = await draws.ranked(4, version=1)
+    assert third == sorted(third, key=lambda p: -int(p[1:]))
+    assert await store.redis.llen(store.keys.epoch_queue) == POOL - 20
 
 
 async def test_a_new_version_starts_a_new_round_and_drops_the_old_ones_rest(store):
@@ -68,6 +73,9 @@ async def test_per_opening_ranks_lambda_times_what_the_opening_needs(store):
     got = await draws.ranked(2, version=0)
     assert len(got) == 2
     assert len(await store.redis.lrange(store.keys.epoch_queue, 0, -1)) == POOL - 6
+    again = await draws.ranked(2, version=0)           # every opening ranks its own round
+    assert again == sorted(again, key=lambda p: -int(p[1:]))
+    assert len(await store.redis.lrange(store.keys.epoch_queue, 0, -1)) == POOL - 12
 
 
 async def test_every_prompt_is_offered_once_a_pass(store):

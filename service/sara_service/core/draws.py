@@ -10,16 +10,19 @@ Every selection takes prompts from the epoch queue, without replacement: each pa
 - **Predictive selections rank candidates, then use them up** (`dps`, `mopps`): the DPS and MoPPS
   references take lambda x B candidates from their shuffled dataloader each training step and keep
   the best B. Here a *round* draws lambda x `size` free prompts from the epoch, scores them, and
-  keeps the best `size` in rank order; the rest are used up for that pass. `size` is `batch_size`
-  once per policy version (`SARA_SELECTION_RANK=version`, the references' step; a round that runs
-  out within the version is followed by another, as their DS combinations refill) or the groups an
-  opening needs (`opening`). A round is this process's: replicas each keep their own, drawing
-  disjoint candidates from the one epoch queue.
+  keeps the best `size` in rank order; the rest are used up for that pass.
+  - `SARA_SELECTION_RANK=version` (the references' step): one round of `batch_size` a policy
+    version; openings past it within the version (groups SARA abandoned, or DS dropped, being
+    replaced) take the epoch's next free prompts in order, unranked. So the selection's pressure
+    is the papers' (B of lambda x B a step), not lambda x every opening: ranked per opening,
+    SARA + DPS swept the pool many times a run and gave its busiest prompt 47-48 groups to DS's 9.
+  - `opening`: each opening ranks lambda x the groups it needs.
+  A round is this process's: replicas each keep their own, drawing disjoint candidates from the
+  one epoch queue.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -32,8 +35,8 @@ from ..store.store import Store
 # prompts one draw may pass over as busy beyond those it asks for: a pool whose prompts are all in
 # flight costs a bounded call, not a loop
 BUSY_SPARE = 64
-# rounds one call may rank beyond those its count needs (a tiny pool runs out of fresh
-# candidates, and a round of one that does gives fewer than asked)
+# rounds one opening may rank past its first, ranking per opening (a tiny pool runs out of
+# fresh candidates, and a round of one that does gives fewer than asked)
 SPARE_ROUNDS = 2
 
 Scorer = Callable[[list[str], list[StoredPosterior], int], Awaitable[list[float]]]
@@ -103,23 +106,35 @@ class PromptDraws:
 
     async def ranked(self, count: int, version: int) -> list[str]:
         """The next `count` prompts of the predictive selections, best first (see the module's
-        docstring): from this version's round, then from new rounds while it runs short."""
+        docstring): this version's round, then (rank per version) the epoch in order, or (rank
+        per opening) new rounds while it runs short."""
         s = self.settings
         if self.round.version != version:
             self.round = Round(version)   # a new step: what is left of the old round is used up
+            if s.selection_rank == "version":
+                await self._rank_round(s.batch_size, version, set())
         out = self.round.take(count)
-        per_round = s.batch_size if s.selection_rank == "version" else count
-        for _ in range(math.ceil(count / per_round) + SPARE_ROUNDS):
+        if s.selection_rank == "version":
+            if len(out) < count:          # the step's ranking is spent: the epoch, in order
+                out += (await self.free_from_epoch(count - len(out), exclude=set(out))).pids
+            return out
+        for _ in range(SPARE_ROUNDS + 1):
             if len(out) >= count:
                 break
-            size = per_round if s.selection_rank == "version" else count - len(out)
-            draw = await self.free_from_epoch(s.selection_lambda * size, exclude=set(out))
-            if not draw.pids:
+            if not await self._rank_round(count - len(out), version, set(out)):
                 break
-            scores = await self.score(draw.pids, draw.posts, version)
-            self.round.ranked += top_by_score(draw.pids, scores, size, self.rng)
             out += self.round.take(count - len(out))
         return out
+
+    async def _rank_round(self, size: int, version: int, exclude: set[str]) -> bool:
+        """Draw lambda x `size` free candidates, score them at `version` and append the best
+        `size` to the round; False when the epoch gave none."""
+        draw = await self.free_from_epoch(self.settings.selection_lambda * size, exclude=exclude)
+        if not draw.pids:
+            return False
+        scores = await self.score(draw.pids, draw.posts, version)
+        self.round.ranked += top_by_score(draw.pids, scores, size, self.rng)
+        return True
 
     def give_back(self, pids: list[str], version: int) -> None:
         """Ranked prompts that did not open (flow control had no room): first in line for the next
