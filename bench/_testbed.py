@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from _testbed_trained import trained_summary
+from sara_service.settings import Settings
+
+# the service's own defaults for flow control and staleness, which the protocol runs under
+SERVICE_DEFAULTS = {name: Settings.model_fields[name].default
+                    for name in ("prefetch_batches", "max_staleness")}
 
 METHODS: dict[str, dict[str, Any]] = {
     "uniform": {"policy": "uniform"},
@@ -116,13 +121,14 @@ class Protocol:
     probe_size: int = 200
     max_matched: int = 8          # uniform_matched asks for at most this many times B
     time_budget_s: float = 900.0  # a run that takes longer stops there (and says so)
-    # flow control, the same for every method: batches of expected mixed groups the scheduler
-    # keeps in the making, and the policy versions a delivered group may lag. At 80,000 rollouts
-    # with one batch in the making the selectors' generate calls held 20-30 rollouts and their
-    # runs took 216-421 s; with two (groups two versions old accepted, under the loss's clipped
-    # ratio) 138-180 s; with four, 110,000 rollouts fit the same three minutes (90-170 s)
-    prefetch_batches: int = 4
-    max_staleness: int = 4
+    # flow control, the same for every method and the service's defaults: batches of expected
+    # mixed groups the scheduler keeps in the making, and the policy versions a delivered group
+    # may lag. At 80,000 rollouts with one batch in the making the selectors' generate calls held
+    # 20-30 rollouts and their runs took 216-421 s; with two (groups two versions old accepted,
+    # under the loss's clipped ratio) 138-180 s; with four, 110,000 rollouts fit the same three
+    # minutes (90-170 s)
+    prefetch_batches: int = SERVICE_DEFAULTS["prefetch_batches"]
+    max_staleness: int = SERVICE_DEFAULTS["max_staleness"]
     # the scheduler's work floor (SARA_WORK_FLOOR), the same for every method: while fewer than
     # a batch is ready, a short lease may open groups up to this many times the flow target, so
     # the engine is not left with SARA's probes alone (1: off)

@@ -27,8 +27,8 @@ are measured in their steady state. Per policy, over rounds:
 - each delivered group's age in batches: how many batches reached the trainer between its
   first rollout's start and its own batch. The trainer here takes every batch at once and
   publishes nothing (max_staleness is set out of reach); one that published a version per
-  batch would see that many versions of staleness, and the share over 1 is what the default
-  max_staleness 1 would drop.
+  batch would see that many versions of staleness, and the shares over 1 and 2 are what a
+  max_staleness of 1 or 2 would drop (the default, 4, drops next to none).
 
 Usage: python bench/engine_time.py [--prompts FILE.jsonl] [--k 8]
            [--policies uniform,ds,sara,sara_auto,sara_dps(,sara_auto_tokens)] [--rounds 3]

@@ -138,10 +138,13 @@ async def _round(client, pool_index: dict[str, int], pool: list[list[float]],
 
 
 async def _take_batches(client) -> list:
+    """Every ready batch, acked, with a policy version published after each, as a trainer
+    publishes each step (MoPPS ranks its candidates once a version)."""
     groups = []
     while (batch := await client.next_batch()) is not None:
         groups += batch.groups
         await client.ack(batch.batch_id)
+        await client.publish_policy(batch.policy_version + 1)
     return groups
 
 
@@ -149,8 +152,10 @@ async def run_method(name: str, pool: list[list[float]], rewards: list[float], a
     """One run through the service; its counters and the delivered groups' reward sets."""
     import sara_client
 
+    # groups of any age are delivered: what is measured is the allocation, not staleness
     settings = dict(group_size=args.k, tau_low=0.5, batch_size=16, prefetch_batches=4,
-                    reward_tolerance=args.tolerance, reward_levels=len(rewards), seed=args.seed)
+                    max_staleness=10**6, reward_tolerance=args.tolerance,
+                    reward_levels=len(rewards), seed=args.seed)
     settings.update(METHODS[name])
     unstick = None
     try:

@@ -30,6 +30,9 @@ def _one_arm(cfg: DemoConfig, work: Path, start_dir: str, prompts: list[dict], e
     budget = f", to {cfg.rollout_budget:,} rollouts" if cfg.rollout_budget else ""
     say(cfg, f"[bold]RL with {label}[/] (k={cfg.group_size}, {cfg.batch_groups} mixed groups a "
               f"step{budget}, backend {cfg.backend})")
+    flow = flow_note(cfg)
+    if flow:
+        say(cfg, f"    {flow}")
     started = time.perf_counter()
     # leave time for this arm's final evaluation
     rl_deadline = deadline - eval_seconds - 5
@@ -84,6 +87,21 @@ def _estimate(stats: Any) -> dict[str, Any]:
             "audit_cost_fraction": d.audit_cost_fraction,
             "what": "the scheduler's estimate from audit sampling (95% interval), not a "
                     "measurement"}
+
+
+def flow_note(cfg: DemoConfig) -> str | None:
+    """What the demo's flow control changes from the service's defaults, and why; None when it
+    runs them."""
+    from sara_service.settings import Settings
+
+    fields = Settings.model_fields
+    service = (fields["prefetch_batches"].default, fields["max_staleness"].default)
+    if (cfg.prefetch_batches, cfg.max_staleness) == service:
+        return None
+    return (f"flow control: {cfg.prefetch_batches} batch(es) in the making, groups at most "
+            f"{cfg.max_staleness} version(s) old (the service's defaults are {service[0]} and "
+            f"{service[1]}): each of the demo's batches is a large share of its short budget, so "
+            "it keeps little ahead and trains every group nearly on policy")
 
 
 def _rl_figures(trainer: Any, stats: Any, counters: Any) -> dict[str, Any]:

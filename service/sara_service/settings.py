@@ -165,7 +165,12 @@ class Settings(BaseSettings):
                                                          "and split one budget.")
 
     batch_size: int = Field(32, ge=1, le=4096, description="Groups per batch.")
-    prefetch_batches: int = Field(2, ge=1, le=64, description="Flow-control depth, in batches.")
+    # 4 and 4: the engine stays full under SARA (a probing group holds only its probes, so two
+    # batches in the making left it 69% full), and they are the settings the learning testbed
+    # showed its results under (docs/benchmarks.md, "Engine time")
+    prefetch_batches: int = Field(
+        4, ge=1, le=64, description="Flow-control depth: batches of expected effective groups "
+                                    "kept ready or in the making.")
     work_floor: float = Field(
         1.0, ge=1.0, le=16.0,
         description="While fewer than batch_size groups are ready, a lease that finds too little "
@@ -173,8 +178,10 @@ class Settings(BaseSettings):
                     "engine does not idle while SARA's groups hold only their probes (1: off). "
                     "It fills the engine but ages groups: only for a trainer that accepts groups "
                     "several versions old (docs/benchmarks.md, engine time).")
-    max_staleness: int = Field(1, ge=0,
-                               description="Policy versions a delivered group may lag.")
+    max_staleness: int = Field(
+        4, ge=0, description="Policy versions a delivered group may lag (older ones are "
+                             "dropped at delivery); the trainer's clipped importance ratio "
+                             "corrects for the lag.")
     max_rollouts_per_batch: int | None = Field(
         None, ge=1, description="Rollout budget that ends a batch early; unset: none.")
     lease_ttl_s: float = Field(60.0, gt=0.0, description="Lease lifetime.")

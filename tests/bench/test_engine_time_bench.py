@@ -150,3 +150,13 @@ def test_quick_run_on_the_real_engine(tmp_path):
             < 1.6 * entry["exact_rollouts_per_effective_group"]
     assert result["policies"]["sara"]["prefix_cache_hit_rate"] > 0.3   # commit waves hit
     assert result["raw_engine"]["rollouts_per_s"] > 0
+
+
+def test_the_mostly_mixed_pool_is_its_generators_and_engine_time_reads_it():
+    module = _load("mostly_mixed", "pools/mostly_mixed.py")
+    path = BENCH / "pools" / "mostly_mixed.jsonl"
+    assert [json.loads(line) for line in path.read_text().splitlines()] == module.prompts()
+    pool = bench.load_prompts(path)
+    assert len(pool) == 512 and all(len(p["prompt"]) == 150 for p in pool)
+    gammas = [p["meta"]["p_success"] for p in pool]
+    assert gammas.count(0.0) == 76 and gammas.count(1.0) == 51

@@ -98,3 +98,17 @@ def test_the_demo_shows_one_count_of_rollouts_spent():
     summary["arms"]["sara"] = {**summary["arms"]["sara"], **arm}
     rows = {label: (a, b) for label, a, b in comparison_rows(summary)}
     assert rows["rollouts spent"][0] == "15,924"
+
+
+def test_the_demo_says_which_flow_settings_it_changes_from_the_services_and_why():
+    from sara_demo.arms import flow_note
+    from sara_demo.config import DemoConfig
+    from sara_service.settings import Settings
+
+    note = flow_note(DemoConfig())
+    defaults = Settings()
+    assert note.startswith("flow control: 1 batch(es) in the making, groups at most 1 version")
+    assert f"the service's defaults are {defaults.prefetch_batches} and " \
+           f"{defaults.max_staleness}" in note
+    assert flow_note(DemoConfig(prefetch_batches=defaults.prefetch_batches,
+                                max_staleness=defaults.max_staleness)) is None

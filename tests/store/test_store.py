@@ -209,7 +209,8 @@ async def test_a_lease_carries_each_prompts_content_once(store):
     keys = dict(lease=store.keys.lease("L1"), lease_rollouts=store.keys.lease_rollouts("L1"))
     args = dict(now=0.0, worker_id="w", lease_id="L1", max_rollouts=10, expires_at=10.0,
                 key_ttl_s=100, backend="", requeue_limit=0, flow_target=0, plan="",
-                audit_fraction=0, seed=0, group_ids="", floor_target=0, floor_ready=0)
+                audit_fraction=0, seed=0, group_ids="", floor_target=0, floor_ready=0,
+                engine_occupancy="", engine_slots="")
     flat, prompts, *_ = await store.runner.run("lease", args, keys)
     assert len(flat) == 2 * 10 and [x.decode() for x in prompts[::2]] == ["p", "q"]
     grant = await store.leases.lease_with_policy(0.0, "w", "L2", 6, 10.0, 100, None)
