@@ -149,7 +149,14 @@ def test_a_missed_criterion_names_the_methods_that_miss_it():
     assert crit["runs_over"] == {"ds": {"runs": 1, "of": 2, "min": 190.0, "max": 190.0}}
     text = report.format_criteria(crit)
     assert "pool revisits: at least 1.4: NOT met; missed by reinforce_ada 2/2 (1.4-1.5)" in text
-    assert "longest run: 190 s: NOT met; missed by ds 1/2 (190-190 s)" in text
+    assert "longest run: 190 s (at most 180 s for DS's budget, in proportion for longer ones): " \
+        "NOT met; missed by ds 1/2 (190-190 s)" in text
+    # a run allowed 1.5x DS's rollouts is allowed 1.5x the time
+    longer = {"budget": 165_000, "protocol": {"rollouts": 110_000}}
+    assert report.criteria([_run("sara", 0, [0.4, 0.5], seconds=260.0, **longer)])[
+        "run_time_pass"]
+    assert not report.criteria([_run("sara", 0, [0.4, 0.5], seconds=280.0, **longer)])[
+        "run_time_pass"]
     assert "missed by" not in report.format_criteria(report.criteria(runs[:1]))
     assert "saturation under uniform: not measured (no uniform runs)" in text
 
