@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sara_service.core.observability import trainer_wait_warning
+from sara_service.core.observability import scarce_effective_warning, trainer_wait_warning
 
 from .conftest import prompt_spec, result_for
 
@@ -68,3 +68,30 @@ def test_the_warning_rule():
     assert WAITING in trainer_wait_warning(2, 2, None, 0.0, 30.0)     # never asked
     assert trainer_wait_warning(64, 32, 100.0, 129.0, 30.0) is None   # asked 29 s ago
     assert "for 30 s" in trainer_wait_warning(64, 32, 100.0, 130.0, 30.0)
+
+
+async def test_a_trainer_waiting_on_a_pool_that_gives_few_mixed_groups_is_told_why(make_api):
+    """Scarce good prompts: the trainer's request waits (no error, nothing lost), and once no
+    batch has formed for a while /stats and GET /run say what it waits for."""
+    api = await make_api(policy="sara", group_size=8, batch_size=4, prefetch_batches=2,
+                         trainer_wait_warn_s=30.0)
+    await api.add(*[prompt_spec(f"f{i}", "fail") for i in range(12)],
+                  prompt_spec("m0", "mixed"))
+    for _ in range(6):
+        await api.work("w1", n=16, rounds=2)
+    assert (await api.next_batch()).status_code == 204        # waits, no error
+    stats, run = await _warnings(api)
+    (warning,) = [w for w in stats if "waiting for mixed groups" in w]
+    assert run == stats
+    assert "a trainer asks for a batch of 4" in warning and "came out mixed" in warning
+    assert "Nothing is lost" in warning
+
+
+def test_the_scarce_rule():
+    # (ready, batch, trainer seen, last batch, committed, decided, now, after)
+    assert scarce_effective_warning(1, 4, 95.0, None, 2, 40, 100.0, 30.0)      # asking, stalled
+    assert not scarce_effective_warning(1, 4, 50.0, None, 2, 40, 100.0, 30.0)  # nobody asking
+    assert not scarce_effective_warning(1, 4, 95.0, 90.0, 2, 40, 100.0, 30.0)  # a recent batch
+    assert not scarce_effective_warning(4, 4, 95.0, None, 2, 40, 100.0, 30.0)  # a batch is ready
+    assert not scarce_effective_warning(1, 4, 95.0, None, 2, 3, 100.0, 30.0)   # too few decided
+    assert not scarce_effective_warning(1, 4, 95.0, None, 30, 40, 100.0, 30.0)  # mixed enough

@@ -225,9 +225,33 @@ def trainer_wait_warning(ready_groups: int, batch_size: int, trainer_seen: float
             "trainer through the SDK")
 
 
+def scarce_effective_warning(ready_groups: int, batch_size: int, trainer_seen: float | None,
+                             last_batch: float | None, committed: int, decided: int,
+                             now: float, warn_after_s: float) -> str | None:
+    """'waiting for mixed groups' when a trainer is asking for a batch, fewer than a batch of
+    groups is ready, no batch has formed for `warn_after_s` (or ever), and fewer than half of the
+    groups decided so far (at least a batch's worth) came out mixed: the pool holds few prompts
+    the policy gets right only sometimes. The run waits (nothing is lost); this says why. None
+    otherwise."""
+    asking = trainer_seen is not None and now - trainer_seen < warn_after_s
+    stalled = last_batch is None or now - last_batch >= warn_after_s
+    if not (asking and stalled) or ready_groups >= batch_size or decided < batch_size \
+            or committed >= decided / 2:
+        return None   # too early to say, or mixed groups come and generation is the wait
+    return (f"waiting for mixed groups: a trainer asks for a batch of {batch_size}, "
+            f"{ready_groups} groups are ready, and {committed} of the {decided} groups decided "
+            f"so far came out mixed ({100 * committed / decided:.0f}%; the rest all-fail or "
+            "all-success). Nothing is lost and the run goes on; add prompts the policy solves "
+            "only sometimes to make batches faster")
+
+
 async def run_warnings(store: Store, settings: Settings, now: float) -> list[str]:
-    """What holds the run up now (GET /run, /stats): ready groups no trainer pulls."""
+    """What holds the run up now (GET /run, /stats): ready groups no trainer pulls, or a trainer
+    waiting on a pool that gives few mixed groups."""
     ready, seen = await store.run.trainer_activity()
-    waiting = trainer_wait_warning(ready, settings.batch_size, seen, now,
-                                   settings.trainer_wait_warn_s)
-    return [waiting] if waiting else []
+    last_batch, committed, decided = await store.run.batch_supply()
+    found = (trainer_wait_warning(ready, settings.batch_size, seen, now,
+                                  settings.trainer_wait_warn_s),
+             scarce_effective_warning(ready, settings.batch_size, seen, last_batch, committed,
+                                      decided, now, settings.trainer_wait_warn_s))
+    return [w for w in found if w]

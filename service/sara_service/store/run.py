@@ -176,6 +176,18 @@ class RunStore(ResourceStore):
         await self.redis.set(self.keys.trainer_seen, repr(float(now)))
 
     @unavailable_on_redis_error
+    async def batch_supply(self) -> tuple[float | None, int, int]:
+        """(when the newest batch formed, None: never; groups committed; groups decided: committed,
+        abandoned or completed pure), for what holds a waiting trainer up."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lindex(self.keys.recent_batches, 0)
+        pipe.hmget(self.keys.stats, ["groups_committed", "groups_abandoned",
+                                     "groups_completed_pure"])
+        newest, (committed, abandoned, pure) = await pipe.execute()
+        formed = json.loads(newest)["created_at"] if newest else None
+        committed = int(committed or 0)
+        return formed, committed, committed + int(abandoned or 0) + int(pure or 0)
+
     async def trainer_activity(self) -> tuple[int, float | None]:
         """(groups ready, when a trainer last asked for a batch or acked one; None: never)."""
         pipe = self.redis.pipeline(transaction=False)
