@@ -78,7 +78,10 @@ async def test_the_outcome_view_delivers_nothing_and_says_its_rewards_are_not_bi
     said = [r for r in caplog.records if "rewards are not 0/1" in r.getMessage()]
     assert len(said) == 1, "said once per run, not once per report"
     assert "SARA_EFFECTIVE=reward" in said[0].getMessage()
-    (warning,) = (await api.stats())["warnings"]
+    warnings = (await api.stats())["warnings"]
+    (warning,) = [w for w in warnings if w.startswith("rewards are not 0/1")]
+    # nothing here comes out mixed, and a trainer is asking: the wait is named as well
+    assert [w for w in warnings if w != warning][0].startswith("waiting for mixed groups")
     assert "rewards are not 0/1 (first seen: 0.1)" in warning and "SARA_EFFECTIVE=reward" in warning
     # another replica of the run does not say it again
     other = await make_api(batch_size=4, prefetch_batches=2)
@@ -86,8 +89,10 @@ async def test_the_outcome_view_delivers_nothing_and_says_its_rewards_are_not_bi
     with caplog.at_level(logging.WARNING, logger="sara.service"):
         await run(other, rounds=2)
     assert not [r for r in caplog.records if "rewards are not 0/1" in r.getMessage()]
-    assert (await other.stats())["warnings"] == [warning]
-    assert 'sara_warnings{namespace="default"} 1.0' in (await other.get("/metrics")).text
+    others = (await other.stats())["warnings"]
+    assert warning in others
+    assert f'sara_warnings{{namespace="default"}} {float(len(others))}' in (
+        await other.get("/metrics")).text
 
 
 async def test_binary_rewards_raise_no_warning(make_api):
@@ -189,9 +194,10 @@ async def test_mopps_selection_prefers_prompts_whose_rewards_differ(make_api):
     api = await make_api(effective="reward", reward_tolerance=0.01, selection="mopps",
                          selection_lambda=8, batch_size=4, prefetch_batches=2, max_staleness=100)
     same, vary = await _same_and_vary(api, n=30, publish=True)
-    # epoch order gives the two kinds about as many groups (89 and 85 measured); each prompt
-    # is offered once a pass of the pool, so MoPPS prefers by choosing within each pass
-    assert vary >= 1.6 * same > 0, (same, vary)
+    # epoch order gives the two kinds about as many groups (89 and 85 measured, 1.05x); each
+    # prompt is offered once a pass of the pool, so MoPPS prefers by choosing within each pass.
+    # Thompson draws make the ratio vary run to run: 1.54-2.14 over 23 runs, so 1.35 leaves room
+    assert vary >= 1.35 * same > 0, (same, vary)
 
 
 async def test_the_reward_view_is_refused_with_what_it_cannot_run(make_app):

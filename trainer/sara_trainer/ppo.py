@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .config import TrainerConfig
+from .fit import resolve_device
 from .critic import (CRITIC_DIR, CRITIC_OPTIMIZER_FILE, ValueModel, explained_variance, gae,
                      has_critic, outcome_rewards, value_loss, whiten)
 
@@ -72,6 +73,7 @@ class PPOCritic:
     def create(cls, config: TrainerConfig, resumed: str | Path | None = None) -> PPOCritic:
         """The critic saved in checkpoint `resumed`, else a fresh one on the policy's weights
         (`resumed`'s when given, the configured model's otherwise)."""
+        config = config.replace(device=resolve_device(config.device))
         if resumed is not None and has_critic(resumed):
             model = ValueModel.load(resumed, device=config.device)
             if model.normalizer.enabled != config.normalize_values:

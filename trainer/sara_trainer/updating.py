@@ -15,7 +15,7 @@ from sara_client.chat import render_prompt
 
 from .advantages import DRAWN_BASELINE, compute_advantages
 from .config import TrainerConfig
-from .fit import token_chunks
+from .fit import resolve_device, token_chunks
 from .logprobs import chunked_completion_logprobs
 from .loss import policy_loss
 from .policy import context_size, make_batch
@@ -82,6 +82,8 @@ class Updater:
         """`reference`: the frozen starting policy of the KL term (None without one); `critic`:
         PPO's value model (None unless ``gae``); `autocast`: the compute dtype (None: the
         weights'); `memory`: the first-step memory check (None: none)."""
+        # "auto" settled here too: an updater built without the loop still names a real device
+        config = config.replace(device=resolve_device(config.device))
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.optimizer, self.reference, self.critic = optimizer, reference, critic
         self.autocast, self.memory = autocast, memory
