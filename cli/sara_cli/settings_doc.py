@@ -95,7 +95,7 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def scheduler_section() -> list[str]:
     """The Settings fields, a table per group."""
     from sara_service.setting_groups import SETTING_GROUPS, SettingGroup
-    from sara_service.settings import Settings
+    from sara_service.settings import RETIRED_SETTINGS, Settings
 
     lines = ["", "## The scheduler: `SARA_*` and `sara serve`"]
     fields = Settings.model_fields
@@ -115,6 +115,10 @@ def scheduler_section() -> list[str]:
         if rows:
             lines += ["", f"### {group.title}", "", group.about, "",
                       *_table(("Variable / flag", "Type", "Default", "What it does"), rows)]
+    if RETIRED_SETTINGS:
+        lines += ["", "### Retired", "", "Set, these are ignored, and `sara serve` says so once.",
+                  "", *_table(("Variable", "Instead"), [(f"`{name}`", why) for name, why
+                                                      in RETIRED_SETTINGS.items()])]
     return lines
 
 

@@ -91,7 +91,7 @@ def _build_app(data_dir: str | Path | None, overrides: dict[str, Any]):
     if settings.redis_url is None:
         folder = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sara-local-"))
         redis = EmbeddedRedis(folder).start()
-        settings = settings.model_copy(update={"redis_url": redis.url, "redis_embedded": True})
+        settings = settings.on_embedded_redis(redis.url)
     return create_app(settings), redis
 
 

@@ -82,8 +82,7 @@ def start_embedded(settings: Settings) -> tuple[EmbeddedRedis, Settings]:
     """A supervised embedded Redis (restarted on the same port and data dir if it dies, a log
     line says so) and the settings pointing at it."""
     embedded = EmbeddedRedis(settings.data_dir).start().supervise()
-    return embedded, settings.model_copy(update={"redis_url": embedded.url,
-                                                 "redis_embedded": True})
+    return embedded, settings.on_embedded_redis(embedded.url)
 
 
 def describe(settings: Settings, host: str, port: int) -> str:

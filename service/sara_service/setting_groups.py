@@ -23,7 +23,7 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
     SettingGroup("core", "Core", "The run: where its state lives, its allocation policy and "
                  "its shape.",
                  ("redis_url", "namespace", "policy", "group_size", "batch_size", "seed",
-                  "data_dir", "redis_embedded")),
+                  "data_dir")),
     SettingGroup("outcomes", "Outcomes", "What counts as a success, and what makes a group "
                  "effective.",
                  ("success_threshold", "effective", "reward_tolerance", "reward_levels")),

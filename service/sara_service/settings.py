@@ -5,10 +5,13 @@ Nothing here is built at import time; `Settings()` reads the environment when it
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara", "reinforce_ada",
@@ -29,6 +32,25 @@ REWARD_VIEW_REFUSES = {
 DEFAULT_HALF_LIFE = 4.0
 
 
+log = logging.getLogger("sara.service")
+
+# Settings taken off the user surface, with what to do instead: a run that still sets one is
+# told so (once a process) for one release, and then the name is simply unknown.
+RETIRED_SETTINGS: dict[str, str] = {
+    "SARA_REDIS_EMBEDDED": "sara serve knows itself whether it started Redis (/stats "
+                           "config.redis says which); unset it",
+}
+
+
+_RETIRED_SAID: set[str] = set()   # what this process has said already
+
+
+def retired_settings_in(environ: Mapping[str, str]) -> list[str]:
+    """One message for each retired setting `environ` still sets."""
+    return [f"{name} is no longer a setting and is ignored: {why}"
+            for name, why in RETIRED_SETTINGS.items() if name in environ]
+
+
 class Settings(BaseSettings):
     """Everything one scheduler replica needs; every replica of a namespace must agree on it."""
 
@@ -36,7 +58,8 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(None, description="Redis to use (redis+cluster://host:port: a "
                                                   "Redis Cluster); unset starts an embedded one.")
-    redis_embedded: bool = Field(False, description="Set by `sara serve` when it started Redis.")
+    # not a setting: only the process that started Redis knows it did (see on_embedded_redis)
+    _redis_embedded: bool = PrivateAttr(False)
     data_dir: Path = Field(Path("./sara-data"), description="Embedded Redis data (AOF).")
     namespace: str = Field("default", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
                            description="The run; several runs can share one Redis.")
@@ -231,6 +254,14 @@ class Settings(BaseSettings):
                            "token set, where anyone who reaches it can do everything.")
 
     @model_validator(mode="after")
+    def _say_retired(self) -> Settings:
+        for message in retired_settings_in(os.environ):
+            if message not in _RETIRED_SAID:
+                _RETIRED_SAID.add(message)
+                log.warning("%s", message)
+        return self
+
+    @model_validator(mode="after")
     def _some_prompt_can_open(self) -> Settings:
         """Refuse a configuration whose plan for a prompt never seen before abandons it before
         its first rollout: every new prompt would be skipped and no group would ever open."""
@@ -384,6 +415,17 @@ class Settings(BaseSettings):
         return any(t is not None for t in (self.worker_token, self.trainer_token,
                                            self.operator_token, self.admin_token,
                                            self.worker_secret))
+
+    @property
+    def redis_embedded(self) -> bool:
+        """Whether this process started the Redis it uses (`sara serve` without a URL)."""
+        return self._redis_embedded
+
+    def on_embedded_redis(self, url: str) -> Settings:
+        """These settings pointed at a Redis this process started at `url`."""
+        out = self.model_copy(update={"redis_url": url})
+        out._redis_embedded = True
+        return out
 
     def public_config(self) -> dict:
         """The configuration in force, without secrets, as /stats shows it."""
