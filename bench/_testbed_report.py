@@ -260,18 +260,30 @@ def final_against_ds(runs: list[dict[str, Any]], method: str, points: float
 
 def busiest_against_ds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method, the largest ratio over seeds of its busiest prompt's trained groups to DS's
-    busiest in the same seed; met when no method's exceeds 2."""
+    busiest in the same seed; met when no method's exceeds 2.
+
+    A method that runs on past DS's budget, or trains more groups per rollout, trains more
+    groups in all, and its busiest prompt with them: ``worst_ratio_per_group`` compares each
+    busiest prompt's share of its run's trained groups instead (met the same way)."""
     worst: dict[str, float] = {}
+    per_group: dict[str, float] = {}
     for r in runs:
         ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
         mine, base = (x.get("trained") or {} for x in (r, ds or {}))
-        if r["method"] != "ds" and mine.get("most_groups_one_prompt") and base.get(
-                "most_groups_one_prompt"):
-            ratio = mine["most_groups_one_prompt"] / base["most_groups_one_prompt"]
-            worst[r["method"]] = max(worst.get(r["method"], 0.0), ratio)
+        if r["method"] == "ds" or not (mine.get("most_groups_one_prompt")
+                                       and base.get("most_groups_one_prompt")):
+            continue
+        ratio = mine["most_groups_one_prompt"] / base["most_groups_one_prompt"]
+        worst[r["method"]] = max(worst.get(r["method"], 0.0), ratio)
+        if mine.get("groups") and base.get("groups"):
+            shared = ratio * base["groups"] / mine["groups"]
+            per_group[r["method"]] = max(per_group.get(r["method"], 0.0), shared)
     return {"worst_ratio": worst, "bound": 2.0,
             "met": bool(worst) and all(v <= 2.0 for v in worst.values()),
-            "over": sorted(m for m, v in worst.items() if v > 2.0)}
+            "over": sorted(m for m, v in worst.items() if v > 2.0),
+            "worst_ratio_per_group": per_group,
+            "met_per_group": bool(per_group) and all(v <= 2.0 for v in per_group.values()),
+            "over_per_group": sorted(m for m, v in per_group.items() if v > 2.0)}
 
 
 def recommend(summary: list[dict[str, Any]], share: float = 0.8) -> dict[str, Any]:

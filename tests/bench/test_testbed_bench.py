@@ -494,15 +494,17 @@ def test_a_methodsmean_curve_averages_its_runs_on_a_common_grid():
 
 
 def test_the_new_targets_final_gap_busiest_prompt_and_recommendation():
-    trained = lambda most: {"trained": {"most_groups_one_prompt": most}}   # noqa: E731
+    def trained(most: int, groups: int) -> dict:
+        return {"trained": {"most_groups_one_prompt": most, "groups": groups}}
+
     runs = []
     for seed in (0, 1, 2, 3, 4):
-        runs.append(_run("ds", seed, [0.4, 0.5, 0.6, 0.7, 0.7], **trained(9)))
+        runs.append(_run("ds", seed, [0.4, 0.5, 0.6, 0.7, 0.7], **trained(9, 3000)))
         # reaches DS's final at 2,000 on every seed, ends 0.5 points below it: within 1 point
-        runs.append(_run("sara_dps", seed, [0.4, 0.6, 0.7, 0.695, 0.695], **trained(30)))
+        runs.append(_run("sara_dps", seed, [0.4, 0.6, 0.7, 0.695, 0.695], **trained(30, 6000)))
         # reaches it at 1,714 (0.57 of DS's 3,000) on 4 seeds of 5
         accs = [0.4, 0.65, 0.72, 0.72, 0.72] if seed else [0.4, 0.5, 0.55, 0.6, 0.6]
-        runs.append(_run("sara", seed, accs, **trained(12)))
+        runs.append(_run("sara", seed, accs, **trained(12, 3000)))
     summary = [report.method_summary(runs, m, 4000) for m in ("ds", "sara_dps", "sara")]
     goals = report.target_ratios(summary, runs)
     gap = goals["sara_dps_final_vs_ds"]
@@ -511,6 +513,10 @@ def test_the_new_targets_final_gap_busiest_prompt_and_recommendation():
     assert busiest["worst_ratio"] == {"sara_dps": pytest.approx(30 / 9),
                                       "sara": pytest.approx(12 / 9)}
     assert busiest["over"] == ["sara_dps"] and not busiest["met"]
+    # SARA + DPS trained twice DS's groups: per trained group its busiest is 30/6000 : 9/3000
+    assert busiest["worst_ratio_per_group"] == {"sara_dps": pytest.approx(30 / 9 / 2),
+                                                "sara": pytest.approx(12 / 9)}
+    assert busiest["met_per_group"] and busiest["over_per_group"] == []
     # SARA reaches DS's final on 4 of 5 seeds (80%), at 0.57x: fewer than SARA + DPS's 0.67x
     choice = goals["recommend"]
     assert choice["method"] == "sara"
