@@ -95,7 +95,8 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def scheduler_section() -> list[str]:
     """The Settings fields, a table per group."""
     from sara_service.setting_groups import SETTING_GROUPS, SettingGroup
-    from sara_service.settings import RETIRED_SETTINGS, Settings
+    from sara_service.retired_settings import RETIRED_SETTINGS
+    from sara_service.settings import Settings
 
     lines = ["", "## The scheduler: `SARA_*` and `sara serve`"]
     fields = Settings.model_fields

@@ -1,18 +1,20 @@
 """Scheduler settings: `SARA_*` environment variables, overridden by CLI flags.
 
 Nothing here is built at import time; `Settings()` reads the environment when it is called.
+The module runs past 400 lines as one concept: every setting a replica reads, with the validators
+that say which combinations can run (the peers' settings are due to move beside their strategies).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .retired_settings import say_retired
 
 AllocationPolicy = Literal["uniform", "dynamic_sampling", "sara", "reinforce_ada",
                            "pilot_commit"]
@@ -30,25 +32,6 @@ REWARD_VIEW_REFUSES = {
 }
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
 DEFAULT_HALF_LIFE = 4.0
-
-
-log = logging.getLogger("sara.service")
-
-# Settings taken off the user surface, with what to do instead: a run that still sets one is
-# told so (once a process) for one release, and then the name is simply unknown.
-RETIRED_SETTINGS: dict[str, str] = {
-    "SARA_REDIS_EMBEDDED": "sara serve knows itself whether it started Redis (/stats "
-                           "config.redis says which); unset it",
-}
-
-
-_RETIRED_SAID: set[str] = set()   # what this process has said already
-
-
-def retired_settings_in(environ: Mapping[str, str]) -> list[str]:
-    """One message for each retired setting `environ` still sets."""
-    return [f"{name} is no longer a setting and is ignored: {why}"
-            for name, why in RETIRED_SETTINGS.items() if name in environ]
 
 
 class Settings(BaseSettings):
@@ -255,10 +238,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _say_retired(self) -> Settings:
-        for message in retired_settings_in(os.environ):
-            if message not in _RETIRED_SAID:
-                _RETIRED_SAID.add(message)
-                log.warning("%s", message)
+        say_retired(os.environ)
         return self
 
     @model_validator(mode="after")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from sara_service import settings as settings_module
-from sara_service.settings import RETIRED_SETTINGS, Settings, retired_settings_in
+from sara_service import retired_settings
+from sara_service.retired_settings import RETIRED_SETTINGS, retired_settings_in
+from sara_service.settings import Settings
 
 
 def test_redis_embedded_is_not_settable_from_outside(monkeypatch):
@@ -26,7 +27,7 @@ def test_the_process_that_started_redis_says_so():
 
 def test_a_retired_setting_is_named_once_a_process(monkeypatch, caplog):
     monkeypatch.setenv("SARA_REDIS_EMBEDDED", "false")
-    monkeypatch.setattr(settings_module, "_RETIRED_SAID", set())
+    monkeypatch.setattr(retired_settings, "_said", set())
     with caplog.at_level(logging.WARNING, logger="sara.service"):
         Settings()
         Settings()
