@@ -22,4 +22,4 @@ def need(module: str, why: str):
         message = f"{why} ({e})"
         if required():
             pytest.fail(f"CI installs it, so this is a failure here: {message}")
-        pytest.skip(message)
+        pytest.skip(message, allow_module_level=True)   # at a module's top too

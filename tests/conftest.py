@@ -13,11 +13,38 @@
 - `fake_clock` (function): a `FakeClock`, `clock()` -> seconds, `clock.advance(s)`, for injecting
   as the service's clock.
 - `anyio_backend`: "asyncio" for `@pytest.mark.anyio` tests.
+
+Tiers: `python -m pytest -m "not slow"` is the fast tier to run while developing (single Redis,
+no optional package needed); `.ci/run` runs everything. `slow` is set here on what starts real
+processes (`e2e`), on the cluster runs of `redis_url_each`, on the folders of SLOW_FOLDERS, and
+by hand on single tests measured to take seconds (`--durations`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+# folders whose every test is slow, and why
+SLOW_FOLDERS = {
+    "integrations": "verl, OpenRLHF and TRL classes, and Ray, in-process",
+    "faults": "kills and restarts real processes",
+    "e2e": "the CLI and the demo as real processes",
+    "cluster": "a three-master Redis Cluster, failover included",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark as slow what the fast tier leaves out (see the module docstring)."""
+    for item in items:
+        try:
+            folder = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        except ValueError:   # a test outside tests/ (none today)
+            continue
+        if folder in SLOW_FOLDERS or item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.slow)
 
 
 class FakeClock:
@@ -94,7 +121,8 @@ def redis_cluster_url(redis_cluster) -> str:
     return redis_cluster.url
 
 
-@pytest.fixture(params=["single", "cluster"])
+# the cluster case belongs to the full suite (.ci/run), not to the fast tier (-m "not slow")
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.slow)])
 def redis_url_each(request) -> str:
     return request.getfixturevalue(
         "single_redis_url" if request.param == "single" else "redis_cluster_url")

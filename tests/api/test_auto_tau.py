@@ -12,6 +12,7 @@ from .conftest import prompt_spec, result_for
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 async def test_auto_serves_groups_and_learns_to_abandon_hopeless_prompts(make_api):
     api = await make_api(tau_low="auto", auto_refit_groups=4)
     await api.add(*[prompt_spec(f"f{i}", "fail") for i in range(24)],

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._need import need
+
 from ._common import CONTEXT
 from ._policies import write_constant_policy
 
@@ -27,6 +29,8 @@ BASE_URL = "http://scheduler"
 
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory) -> Path:
+    need("torch", "torch (the trainer extra; CI installs it)")
+    need("transformers", "transformers (the trainer extra; CI installs it)")
     from sara_trainer.tiny import TinyConfig, build_tiny_policy
 
     return build_tiny_policy(tmp_path_factory.mktemp("policies") / "tiny0",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from .test_allocation_bench import BENCH, _load
+from tests._need import need
 
 e2e = _load("bench_e2e", "e2e.py")
 
@@ -74,6 +75,7 @@ def test_targets_and_ratios_come_from_each_seeds_ds_run():
     assert "to DS's final accuracy" in text and "x DS" in text
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_quick_run_of_two_methods(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run(
@@ -96,6 +98,7 @@ def test_quick_run_of_two_methods(tmp_path):
 
 
 def test_flat_pool_spreads_the_prompts_evenly_without_a_probe():
+    need("torch", "torch (the trainer extra; CI installs it)")
     from collections import Counter
 
     from sara_demo.config import DemoConfig

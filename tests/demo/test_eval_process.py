@@ -26,6 +26,7 @@ def splits():
     return make_eval_set(60, seed=0), training_pool(200, 0)[:12]
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_the_childs_figures_are_those_of_the_callers_thread(start, splits):
     from sara_trainer.policy import load_policy
 
@@ -41,6 +42,7 @@ def test_the_childs_figures_are_those_of_the_callers_thread(start, splits):
     assert set(kinds) <= {"all_fail", "mixed", "all_success"} and len(kinds) == 12
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_the_weights_are_copied_when_submitted(start, splits):
     from sara_trainer.policy import load_policy
 
@@ -58,6 +60,7 @@ def test_the_weights_are_copied_when_submitted(start, splits):
     assert first["accuracy"] == greedy_accuracy(*load_policy(start), judged)["accuracy"]
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_a_child_that_cannot_start_fails_the_evaluation(tmp_path, splits, start):
     from sara_trainer.policy import load_policy
 

@@ -8,6 +8,7 @@ pytest.importorskip("rich")
 
 from sara_demo.compare import compare  # noqa: E402
 from sara_demo.report import comparison_rows, render_table, summary_rows  # noqa: E402
+from tests._need import need
 
 
 def _curve(accs):
@@ -101,6 +102,7 @@ def test_the_demo_shows_one_count_of_rollouts_spent():
 
 
 def test_the_demo_says_which_flow_settings_it_changes_from_the_services_and_why():
+    need("torch", "torch (the trainer extra; CI installs it)")
     from sara_demo.arms import flow_note
     from sara_demo.config import DemoConfig
     from sara_service.settings import Settings

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from tests._need import need
+
+need("torch", "torch (the trainer extra; CI installs it)")
+
 import dataclasses
 
 from sara_demo.config import DemoConfig

@@ -16,6 +16,7 @@ pytest.importorskip("trl")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_trl_grpo_trainer_trains_on_sara_batches(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("trl_grpo_example", EXAMPLE)
     module = importlib.util.module_from_spec(spec)

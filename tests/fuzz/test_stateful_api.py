@@ -206,6 +206,7 @@ class ApiMachine(RuleBasedStateMachine):
             self.call("GET", f"/groups/{gid}")
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 @pytest.mark.timeout(900)  # passing takes ~20 s; shrinking a failure takes minutes: let it report
 def test_no_sequence_of_requests_leads_to_a_5xx(redis_url):
     machine = type("BoundApiMachine", (ApiMachine,), {"redis_url": redis_url})

@@ -14,6 +14,10 @@ import pytest
 
 pytest.importorskip("sara_service")
 
+from tests._need import need  # noqa: E402
+
+need("torch", "torch (sara_integrations.verl's layouts are tensors; CI installs it)")
+
 from sara_client import local  # noqa: E402
 
 from sara_integrations.verl.session import Generated, RolloutSession  # noqa: E402

@@ -11,6 +11,7 @@ import pytest
 
 from sara_client.chat import RenderedPrompts, prompt_key, render_prompt, render_text
 from sara_client.models import BatchGroup, BatchRollout, Rollout, SamplingParams
+from tests._need import need
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2=?"}]
 
@@ -185,6 +186,7 @@ def test_gsm8k_recipe_through_the_hf_worker_and_a_trainer_step(tmp_path):
     hf backend generating with logprobs, and a trainer step that recomputes them. The importance
     ratio is 1 only if the trainer scored the completions after the very prompt tokens the worker
     generated from (a raw-text tokenization of the messages would move it)."""
+    need("torch", "torch (the trainer extra; CI installs it)")
     from pathlib import Path
 
     import sara_client

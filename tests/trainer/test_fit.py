@@ -1,5 +1,9 @@
 """Device/dtype resolution and token-budget micro-batches."""
 
+from tests._need import need
+
+need("torch", "torch (the trainer extra; CI installs it)")
+
 import torch
 
 from sara_trainer.fit import (autocast_dtype, resolve_device, resolve_dtype,

@@ -1,5 +1,9 @@
 """Chunked log-probabilities equal the naive full-vocabulary computation, values and gradients."""
 
+from tests._need import need
+
+need("torch", "torch (the trainer extra; CI installs it)")
+
 import pytest
 import torch
 

@@ -9,6 +9,10 @@ import pytest
 
 pytest.importorskip("sara_service")
 
+from tests._need import need  # noqa: E402
+
+need("torch", "torch (the trainer extra; CI installs it)")
+
 import torch  # noqa: E402
 from sara_trainer.checkpoint import (OPTIMIZER_FILE, latest_checkpoint,  # noqa: E402
                                      read_trainer_state, save_checkpoint)
@@ -19,6 +23,7 @@ from sara_trainer.publishing import PUBLISHED  # noqa: E402
 from tests.trainer.test_loop import ScriptedWorker, _config, _local, _prompts  # noqa: E402
 
 
+@pytest.mark.slow  # seconds: the full suite's, not the fast tier's
 def test_publish_every_step_full_checkpoint_every_second(tiny_dir, tmp_path, capsys):
     cfg = _config(tiny_dir, tmp_path, device="auto", checkpoint_every=2, publish_every=1,
                   max_steps=3, micro_batch_tokens=40, gradient_checkpointing=True)

@@ -19,6 +19,7 @@ from sara_cli import main as cli
 from sara_cli import stats as stats_cmd
 from sara_service.settings import Settings
 from sara_worker.sim.pool import standard_pool
+from tests._need import need
 
 runner = CliRunner()
 SUBCOMMANDS = ("serve", "worker", "train", "consume", "load", "stats", "demo", "bench",
@@ -320,6 +321,7 @@ def test_stats_estimate_line_gives_every_interval():
 
 
 def test_demo_options_reach_the_demo_config(monkeypatch, tmp_path):
+    need("torch", "torch (the trainer extra; CI installs it)")
     pytest.importorskip("sara_trainer")
     import sara_demo.demo as demo
 

@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 import sara_worker.process
 from sara_cli import main as cli
+from tests._need import need
 
 runner = CliRunner()
 
@@ -49,6 +50,7 @@ def test_capacity_is_fitted_to_the_engine_unless_given(monkeypatch):
 
 def trained_config(monkeypatch, args: list[str]):
     """The TrainerConfig `sara train ARGS` builds, caught before training starts."""
+    need("torch", "torch (the trainer extra; CI installs it)")
     import sara_trainer.loop as loop
 
     seen = {}
