@@ -111,7 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CI size: 2 rounds of 16 effective groups, 128 raw rollouts, 128 prompts")
     p.add_argument("--json", type=Path, default=None,
                    help="JSON result (default: next to --out, .json)")
-    p.add_argument("--out", type=Path, default=RESULTS / "engine_time.txt")
+    p.add_argument("--out", type=Path, default=None,
+                   help="text report, its chart beside it (default: next to --json, .txt; "
+                        "without either, the recording bench/results/engine_time.txt)")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     args.policies = [s.strip() for s in args.policies.split(",") if s.strip()]
@@ -127,6 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from sara_worker.process import capacity_for_slots
 
     args.capacity = args.capacity or capacity_for_slots(args.concurrency)
+    if args.out is None:   # a run that names only its JSON leaves the recording alone
+        args.out = args.json.with_suffix(".txt") if args.json else RESULTS / "engine_time.txt"
     if args.json is None and not args.no_write:
         args.json = args.out.with_suffix(".json")
     return args

@@ -123,6 +123,16 @@ def test_unknown_policies_are_refused():
     assert isinstance(args, argparse.Namespace)
 
 
+def test_a_run_that_names_its_json_leaves_the_recording_alone(tmp_path):
+    args = bench.parse_args(["--policies", "ds,sara", "--json", str(tmp_path / "r.json")])
+    assert args.out == tmp_path / "r.txt"            # the text and chart go beside the JSON
+    args = bench.parse_args([])
+    assert args.out == bench.RESULTS / "engine_time.txt" and args.json == args.out.with_suffix(
+        ".json")
+    args = bench.parse_args(["--out", str(tmp_path / "e.txt")])
+    assert args.json == tmp_path / "e.json"
+
+
 def test_the_worker_holds_what_sara_worker_would_fit_to_the_engine_unless_told():
     assert bench.parse_args(["--no-write"]).capacity == 96            # 64 slots + 32 ahead
     assert bench.parse_args(["--no-write", "--concurrency", "128"]).capacity == 192
