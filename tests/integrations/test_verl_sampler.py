@@ -115,9 +115,17 @@ def test_next_step_acks_and_publishes_the_saved_weights(ray_tq, sara_url, tiny_l
         assert (policy.version, policy.checkpoint) == (2, str(saved))
         assert sara.stats().counters.batches_acked == 2
         meta, _ = buffer.sample(global_steps=4, partition_id="train", batch_size=2)
-        workers = {w.worker_id: w.policy_version for w in sara.stats().workers}
-    assert workers["fleet-0"] == 2                      # the worker loaded verl's weights
+        # the worker loads verl's weights when it next polls the policy, and says so on its next
+        # lease: a batch can come before that, from rollouts leased under v0
+        deadline = time.monotonic() + 60
+        while (version := _worker_version(sara, "fleet-0")) != 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert version == 2                                 # the worker loaded verl's weights
     assert {t["max_global_steps"] for t in meta.tags} <= {0, 2}
+
+
+def _worker_version(sara: SaraClient, worker_id: str) -> int | None:
+    return {w.worker_id: w.policy_version for w in sara.stats().workers}.get(worker_id)
 
 
 class WaitingLines(logging.Handler):
