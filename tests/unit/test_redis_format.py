@@ -12,16 +12,19 @@ import pytest
 
 from sara_service.store import redis_format as rf
 from sara_service.store.keys import Keys
+from sara_service.store.runner import script_source
 
 LUA = resources.files("sara_service.store") / "lua"
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
 def _split(name: str) -> tuple[str, str]:
-    """(header comment lines, code with comments removed) of one script."""
+    """(header comment lines, code with comments removed) of one script: the header of its own
+    file, the code of what Redis runs (the prelude and the library files its spec names, then the
+    script), since a library file may read KEYS/ARGV or answer a decision for it."""
     lines = (LUA / f"{name}.lua").read_text().splitlines()
     n = next(i for i, line in enumerate(lines) if not line.startswith("--"))
-    code = "\n".join(re.sub(r"--.*$", "", line) for line in lines[n:])
+    code = "\n".join(re.sub(r"--.*$", "", line) for line in script_source(name).splitlines())
     return "\n".join(lines[:n]), code
 
 

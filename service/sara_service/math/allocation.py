@@ -360,7 +360,8 @@ def decay_weight(decay: float, versions_elapsed: int, half_life: float = math.in
 
     dv = policy versions elapsed, de = epochs of the pool elapsed (groups opened or prompts
     skipped, divided by the pool's size). half_life = inf (or 0, "off") leaves de out. The
-    operations and their order are those of apply_results.lua, so the two agree to the bit.
+    operations and their order are those of apply_results.lua (update_posterior, in
+    lua/_results_learn.lua), so the two agree to the bit.
     """
     decay = _unit("decay", decay)
     elapsed = _int_at_least("versions_elapsed", versions_elapsed, 0)

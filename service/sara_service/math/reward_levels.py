@@ -229,7 +229,8 @@ def mixed_chance_levels(prompt_counts: dict[str, float], level: str, rest: int, 
     """The chance an abandoned group, pure at `level`, would have ended with another level in
     its `rest` missing results, under the prompt's own Dirichlet: alpha0 per level plus its
     (decayed) rollouts counted by level, `prompt_counts` (which hold the group's own results).
-    The mirror of apply_results.lua's estimate of false abandons (the same products in order).
+    The mirror of apply_results.lua's estimate of false abandons (the same products in order;
+    mixed_chance_at_level, in lua/_policy_sara.lua).
     """
     levels = max(levels, len(prompt_counts))
     here = alpha0 + prompt_counts.get(level, 0.0)

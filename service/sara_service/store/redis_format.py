@@ -3,8 +3,8 @@ words the Lua scripts answer, and each script's KEYS and ARGV order.
 
 Key names are built in `keys.py`; what is stored under them is defined here. The Lua scripts in
 `lua/` write the same format (Lua cannot import Python): `tests/unit/test_redis_format.py` parses
-each script's header and its KEYS[i]/ARGV[i] uses and checks them against `SCRIPTS`, so a script
-changed without this table fails CI. The store (`store*.py`) is the only reader and writer.
+each script's header and its KEYS[i]/ARGV[i] uses (in the script and the library files put in
+front of it) and checks them against `SCRIPTS`, so a script changed without this table fails CI. The store (`store*.py`) is the only reader and writer.
 
 Slot states (the `slots` hash, rollout id -> state):
 
@@ -326,7 +326,9 @@ SCRIPTS: dict[str, ScriptSpec] = {s.name: s for s in (
           "now worker_id decay alpha0 beta0 retention_s half_life count report_ttl_s holder_only "
           "results levels",
           more_keys="group", more_args=("result_json",),
-          replies=("replay", "unknown", "ok", *DECISIONS)),
+          replies=("replay", "unknown", "ok", *DECISIONS),
+          library=("results_state", "results_learn", "policy_sara", "policy_rounds",
+                   "policy_pilot", "results_write")),
     _spec("group_results", "", "k", more_keys="group"),
     _spec("migrate_format", "stats policy open_groups open_yield", "renamed max_int"),
     _spec("form_batch", "ready unacked stats policy batch batch_window recent_batches "
