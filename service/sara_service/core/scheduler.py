@@ -4,9 +4,15 @@ It holds no state of its own beyond caches derived from settings, so any number 
 serve one namespace. The clock is injected (tests move it by hand); a long poll waits for the
 run's wake stream (see `wake`), re-checking at least every `poll_interval_s`, until its deadline.
 
-It is past 400 lines because every call that opens groups shares its plan, level and selection
-caches (plans per prompt, the reward levels seen, the selection modes' scores); the pure parts
-already live in `allocation`, `reward_levels` and `selection`.
+The strategies are objects it dispatches to, each behind one small interface: the allocation
+policy (`allocators`: how a group is planned, committed, delivered), the prompt selection
+(`selections`: which prompts are drawn), the group sizing (`sizing`) and the plans (`planning`:
+posteriors now, the reward levels in use, the price under tau_low=auto). What a result does to a
+group runs in Redis, in the policy's Lua library (`store/lua/_policy_*.lua`).
+
+It is past 400 lines because the four resources it serves (prompts, leases, results, batches)
+share the long-poll machinery (tickets on the wake stream, deadlines, shutdown) and the
+opening path; what is not shared lives in those modules and in `answers` and `observability`.
 """
 
 from __future__ import annotations
@@ -25,29 +31,21 @@ from sara_client.models import (AckResponse, AddPromptsRequest, AddPromptsRespon
                                 LeaseResponse, NextBatchRequest, PromptIn, ResultsRequest,
                                 ResultsResponse, SamplingParams, prompt_json)
 
-from ..math.allocation import GroupPlan, decay_posterior, decay_weight, p_eff, plan_group
-from .answers import batch_answer, lease_answer
-from .autoprice import AutoPricer
-from .draws import PromptDraws
 from ..errors import Conflict, Unfillable
-from .observability import ds_estimate, read_counters, small_pool_warning
-from ..store.codec import StoredPosterior, stored_int
-from ..store.redis_format import FORMAT_VERSION, split_ids
-from ..math.reward_levels import (
-    first_non_binary, level_of, levels_in_use, non_binary_warning, p_eff_levels, plan_levels,
-    plan_levels_history,
-)
-from ..math.knapsack import KnapsackParams, estimated_rate, sized_plan, split_budget
-from ..math.pilot_commit import excluded, pilot_band, plan_pilot
-from ..math.reinforce_ada import keep_slots, plan_rounds, round_rule
-from ..math.selection import (
-    DpsParams, GresoParams, dps_mixed_probability, dps_observations, greso_keep_chance,
-    greso_streak, mopps_levels_score, mopps_score,
-)
+from ..math.allocation import GroupPlan
+from ..math.reward_levels import first_non_binary, level_of, non_binary_warning
 from ..settings import Settings
+from ..store.codec import stored_int
 from ..store.leases import Opening
+from ..store.redis_format import FORMAT_VERSION, split_ids
 from ..store.store import Store
 from ..store.wake_stream import WakeStream
+from .allocators import allocator_for
+from .answers import batch_answer, lease_answer
+from .observability import ds_estimate, read_counters, small_pool_warning
+from .planning import Planner
+from .selections import selection_for
+from .sizing import sizing_for
 from .wake import Ticket, Wakeups
 
 log = logging.getLogger("sara.service")
@@ -55,8 +53,6 @@ Clock = Callable[[], float]
 # results that carry no outcome, as apply_results.lua codes them: an aborted rollout (-1) and a
 # worker's own error (-2: engine died, server unreachable), which says nothing about the prompt
 _NO_OUTCOME = {"abort": -1, "error": -2}
-# selection modes that take prompts in epoch order (the others score a random candidate pool)
-EPOCH_ORDER = ("epoch", "history", "greso")
 # draws of prompts one lease may make when a selection skipped all of the previous one
 SKIP_REDRAWS = 8
 EXPIRE_BATCH = 1000  # expired leases a lease call re-queues first (upkeep takes the rest)
@@ -84,82 +80,26 @@ class Scheduler:
         self.clock = clock or time.time
         self.stopping = False  # set on SIGTERM: long polls answer at once, empty
         self.wakeups = Wakeups(WakeStream(store.redis, store.keys.wake))
-        self._rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
-        s = settings
-        # Under SARA_EFFECTIVE=reward plans are the Dirichlet's over the levels in use, which
-        # grow as the run sees new ones (`_refresh_levels`); under prior=history each prompt's
-        # plan is its own Dirichlet's (`plan_levels_history`), with fixed τ only.
-        self.reward_view = s.effective == "reward"
-        self._levels = levels_in_use(s.reward_levels, 0)
-        # Under tau_low=auto the plans follow the pool's price (see autoprice); the baselines
-        # ignore τ, so they keep the fixed plan.
-        self.auto = (AutoPricer(s, self._levels if self.reward_view else None)
-                     if s.tau_low == "auto" and s.policy == "sara" else None)
+        rng = random.Random(settings.seed)  # Thompson samples and tie-breaks
+        self.allocator = allocator_for(settings)
+        self.planner = Planner(settings, self.allocator)
+        self.auto = self.planner.auto   # the price under tau_low=auto (None otherwise)
+        self.selection = selection_for(settings, store, self.planner, rng)
+        self.draws = self.selection.draws
+        self.sizing = sizing_for(settings, self.planner)
         self._known_levels: set[str] = set()  # levels this process has reported or read
         self._warned_non_binary = False  # this process has told the store (the log says it once)
-        # With a uniform prior every group of a run has the same plan: compute it once (under
-        # auto, once per price: `_plans_for` refreshes it).
-        self._prior_plan = self.auto.fresh_plan() if self.auto else self._fixed_plan()
-        self._greso = GresoParams(target=s.greso_target, p_start=s.greso_p_start,
-                                  p_min=s.greso_p_min, p_max=s.greso_p_max, step=s.greso_step)
-        self._knapsack = KnapsackParams(min_n=s.vk_min, max_n=s.vk_max,
-                                        confidence=s.vk_confidence)
-        self._sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p,
-                                        max_tokens=s.max_tokens)
+        self._sampling = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
+                                        max_tokens=settings.max_tokens)
         self.format_checked = False  # the stored format is this release's (check_format)
-        self.draws = PromptDraws(s, store, self._scores, self._rng)
         self._pool_warning: str | None = None  # the small-pool warning last logged
-
-    def _fixed_plan(self) -> GroupPlan:
-        """The plan of every group under a uniform prior and a fixed tau_low."""
-        s = self.settings
-        if s.policy == "reinforce_ada":
-            return plan_rounds(s.group_size, s.prior_alpha, s.prior_beta,
-                               round_rule(s.ada_round, s.ada_keep, s.ada_rule))
-        if s.policy == "pilot_commit":
-            return plan_pilot(s.group_size, s.prior_alpha, s.prior_beta,
-                              pilot_band(s.pc_pilot, s.pc_band_low, s.pc_band_high),
-                              s.pc_tau_low)
-        if self.reward_view:
-            return plan_levels(s.policy, s.group_size, self._levels, s.prior_alpha,
-                               float(s.tau_low))
-        return plan_group(s.policy, s.group_size, s.prior_alpha, s.prior_beta, s.tau_low,
-                          tau_fail=s.tau_low_fail)
-
-    @property
-    def commit(self) -> str:
-        """How committed groups are filled: Reinforce-Ada's are delivered as they stand (each
-        stops at the end of a round), Pilot-Commit's filled to k (its commit is the budget),
-        every other policy's as SARA_COMMIT says."""
-        policy = self.settings.policy
-        if policy == "reinforce_ada":
-            return "partial"
-        return "complete" if policy == "pilot_commit" else self.settings.commit
 
     @property
     def _one_plan_in_order(self) -> bool:
         """Every prompt drawn opens a group under the run's one plan, with no read of its
-        history: a uniform prior, epoch selection, and no solved prompts to exclude."""
-        s = self.settings
-        return (s.prior == "uniform" and s.selection == "epoch" and s.group_sizing == "fixed"
-                and not (s.policy == "pilot_commit" and s.pc_exclude_solved))
-
-    async def _refresh_levels(self) -> None:
-        """Under the reward view, plan for every level the run has seen (the set only grows):
-        one more level makes a pure prefix less telling, so groups are abandoned later. Called
-        when a report brings a level this process has not seen, by the upkeep loop (levels other
-        replicas saw) and before opening groups, never on a plain lease: it is one round trip."""
-        if not self.reward_view:
-            return
-        seen = await self.store.run.reward_level_count()
-        levels = levels_in_use(self.settings.reward_levels, seen)
-        if levels != self._levels:
-            self._levels = levels
-            if self.auto is not None:
-                self.auto.set_levels(levels)
-                self._prior_plan = self.auto.fresh_plan()
-            else:
-                self._prior_plan = self._fixed_plan()
+        history: a uniform prior, and no strategy that reads prompts' posteriors."""
+        return self.settings.prior == "uniform" and not any(
+            part.reads_history for part in (self.allocator, self.selection, self.sizing))
 
     @property
     def flow_target(self) -> int:
@@ -209,162 +149,34 @@ class Scheduler:
 
     # --- opening groups --------------------------------------------------------------------------
 
-    def _posterior_now(self, post: StoredPosterior, version: int, clock: float
-                       ) -> tuple[float, float]:
-        """The posterior decayed to now: `version` and the pool's `clock` (store.pool_clock)."""
-        s = self.settings
-        if not post.has_evidence:
-            return s.prior_alpha, s.prior_beta
-        versions, epochs = post.age(version, clock)
-        return decay_posterior(post.alpha, post.beta, s.prior_alpha, s.prior_beta,
-                               s.posterior_decay, versions, s.posterior_half_life, epochs)
-
     async def _plans_for(self, pids: list[str]) -> tuple[list[tuple[str, str, GroupPlan]], int]:
-        """(group id, prompt id, plan) for the prompts to open, and how many were skipped."""
-        s = self.settings
-        await self._refresh_levels()
-        if self.auto is not None:
-            await self.auto.refresh(self.store, (await self.store.policy.get_policy()).version)
-            self._prior_plan = self.auto.fresh_plan()
+        """(group id, prompt id, plan) for the prompts to open, and how many were skipped: by
+        the selection's filter, by the allocator's exclusion, or by a plan that skips."""
+        await self.planner.refresh_levels(self.store)
+        await self.planner.refresh_price(self.store)
         if self._one_plan_in_order:
-            if self._prior_plan.skip:   # Settings refuse this; never open a group issuing nothing
+            plan = self.planner.prior_plan
+            if plan.skip:   # Settings refuse this; never open a group issuing nothing
                 return [], len(pids)
-            return [(_new_id("g"), pid, self._prior_plan) for pid in pids], 0
+            return [(_new_id("g"), pid, plan) for pid in pids], 0
         version = (await self.store.policy.get_policy()).version
         clock = await self.store.prompts.pool_clock()
         posts = await self.store.prompts.posteriors(pids)
-        keeps = (await self._greso_keeps(posts, version, clock) if s.selection == "greso"
-                 else [True] * len(pids))
-        chosen, sized, skipped = [], [], 0
-        for pid, post, kept in zip(pids, posts, keeps):
-            if not kept or self._excluded(post):
-                skipped += 1
-                continue
-            a, b = self._posterior_now(post, version, clock)
-            if s.selection == "history" and self._start_chance(post, a, b, version,
-                                                               clock) < s.tau_skip:
-                skipped += 1
-                continue
-            if s.group_sizing == "var_k":
-                sized.append((pid, post, a, b))
-                continue
-            plan = (self._level_plan_for(post, version, clock) if self.reward_view
-                    else self._plan_for(a, b))
-            if plan.skip:
-                skipped += 1
-                continue
-            chosen.append((_new_id("g"), pid, plan))
-        return (self._sized_plans(sized) if sized else chosen), skipped
-
-    def _sized_plans(self, prompts: list[tuple[str, StoredPosterior, float, float]]
-                     ) -> list[tuple[str, str, GroupPlan]]:
-        """Under var_k, the draw's budget of k per prompt split by expected value
-        (math.knapsack), each prompt planned for its own size. A size whose SARA plan would
-        skip the prompt runs whole instead: the split chose the prompt."""
-        s = self.settings
-        rates = [estimated_rate(greso_streak(post.observations)[0] if post.observations
-                                else None, a - s.prior_alpha, b - s.prior_beta)
-                 for _, post, a, b in prompts]
-        sizes = split_budget(rates, s.group_size, self._knapsack)
-        plans = []
-        for (pid, _, a, b), size in zip(prompts, sizes):
-            if s.prior == "uniform":
-                a, b = s.prior_alpha, s.prior_beta
-            plans.append((_new_id("g"), pid, sized_plan(s.policy, size, a, b, s.tau_low)))
-        return plans
-
-    def _excluded(self, post: StoredPosterior) -> bool:
-        """Under pilot_commit, a prompt whose last pilot was solved is not sampled again."""
-        s = self.settings
-        return (s.policy == "pilot_commit" and s.pc_exclude_solved
-                and excluded(*greso_streak(post.observations)))
-
-    async def _greso_keeps(self, posts: list[StoredPosterior], version: int, clock: float
-                           ) -> list[bool]:
-        """GRESO's pre-rollout filter, prompt by prompt: kept with chance max(p^c, floor) after
-        c zero-variance groups in a row (selection.greso_keep_chance); the rates adapt once per
-        policy version, from the pool's second epoch on, as GRESO's do from its second."""
-        params = self._greso
-        p_easy, p_hard = await self.store.policy.greso_rates(version, clock >= 1.0, params)
-        return [self._rng.random() < greso_keep_chance(
-                    *greso_streak(post.observations),
-                    p_easy, p_hard, params) for post in posts]
-
-    def _start_chance(self, post: StoredPosterior, a: float, b: float, version: int,
-                      clock: float) -> float:
-        """P(a new group of the prompt comes out effective): its Beta(a, b) p_eff, or under the
-        reward view its Dirichlet's (see :meth:`_level_alphas`)."""
-        s = self.settings
-        if not self.reward_view:
-            return p_eff(0, 0, s.group_size, a, b)
-        alphas = self._level_alphas(post, version, clock)
-        return p_eff_levels([0] * len(alphas), s.group_size, alphas)
-
-    def _level_counts(self, post: StoredPosterior, version: int, clock: float
-                      ) -> dict[str, float]:
-        """The prompt's rollouts per reward level, decayed to now as a and b are."""
-        s = self.settings
-        versions, epochs = post.age(version, clock)
-        weight = decay_weight(s.posterior_decay, versions, s.posterior_half_life, epochs)
-        return {level: weight * c for level, c in post.level_counts.items()}
-
-    def _level_alphas(self, post: StoredPosterior, version: int, clock: float) -> list[float]:
-        """The prompt's Dirichlet over reward levels now: alpha0 per level in use plus its level
-        counts, decayed to now as a and b are."""
-        s = self.settings
-        alphas = [s.prior_alpha + c for c in self._level_counts(post, version, clock).values()]
-        return alphas + [s.prior_alpha] * max(0, self._levels - len(alphas))
-
-    def _level_plan_for(self, post: StoredPosterior, version: int, clock: float) -> GroupPlan:
-        """Under the reward view, the plan of one prompt: the run's plan under a uniform
-        prior, else its own Dirichlet's (a threshold per level it has produced)."""
-        s = self.settings
-        if s.prior == "uniform":
-            return self._prior_plan
-        return plan_levels_history(s.policy, s.group_size, self._level_counts(post, version, clock),
-                                   self._levels, s.prior_alpha, float(s.tau_low))
-
-    def _plan_for(self, a: float, b: float) -> GroupPlan:
-        """The plan of one prompt whose posterior is Beta(a, b) now."""
-        s = self.settings
-        if s.prior == "uniform":
-            return self._prior_plan
-        if self.auto is not None:
-            return self.auto.plan_for(a, b)
-        return plan_group(s.policy, s.group_size, a, b, s.tau_low, tau_fail=s.tau_low_fail)
-
-    async def _select_prompts(self, count: int) -> tuple[list[str], int]:
-        """The next `count` prompts with no group in flight (core.draws), and the policy
-        version a predictive selection ranked them at (-1 for epoch order)."""
-        s = self.settings
-        if s.selection in EPOCH_ORDER:
-            return (await self.draws.free_from_epoch(count)).pids, -1
-        version = (await self.store.policy.get_policy()).version
-        return await self.draws.ranked(count, version), version
-
-    async def _scores(self, pids: list[str], posts: list[StoredPosterior], version: int
-                      ) -> list[float]:
-        """dps's P(mixed) or mopps's Thompson-sampled score of each candidate at `version`."""
-        s = self.settings
-        if s.selection == "dps":
-            params = DpsParams(decay=s.dps_decay, prior=s.dps_prior)
-            return [dps_mixed_probability(dps_observations(p.observations, s.dps_censored),
-                                          version, params) for p in posts]
-        clock = await self.store.prompts.pool_clock()
-        if self.reward_view:
-            return [mopps_levels_score(self._level_alphas(p, version, clock), s.group_size,
-                                       self._rng) for p in posts]
-        return [mopps_score(*self._posterior_now(p, version, clock), self._rng, s.mopps_target)
-                for p in posts]
+        keeps = await self.selection.kept(posts, version, clock)
+        drawn = [(pid, post) for pid, post, kept in zip(pids, posts, keeps)
+                 if kept and not self.allocator.excludes(post)]
+        planned, unplanned = self.sizing.plans(drawn, version, clock)
+        return ([(_new_id("g"), pid, plan) for pid, plan in planned],
+                len(pids) - len(drawn) + unplanned)
 
     def _opening(self, max_rollouts: int) -> Opening | None:
         """What a lease needs to open groups itself; None unless every group gets the run's one
         plan in epoch order (a uniform prior, epoch selection, a fixed tau_low)."""
-        s, plan = self.settings, self._prior_plan
+        s, plan = self.settings, self.planner.prior_plan
         if not self._one_plan_in_order or self.auto is not None or plan.skip:
             return None
         count = min(self.flow_target, math.ceil(max_rollouts / max(1, plan.initial_issue)))
-        return Opening(plan, self.commit, s.audit_fraction, s.seed,
+        return Opening(plan, self.allocator.commit, s.audit_fraction, s.seed,
                        tuple(_new_id("g") for _ in range(count)))
 
     async def open_groups_for(self, now: float, rollouts_wanted: int) -> int:
@@ -372,25 +184,19 @@ class Scheduler:
         When a selection skipped every prompt of a draw (history, GRESO), it draws again, up to
         SKIP_REDRAWS times, so a filter that skips most prompts does not answer a lease empty
         while the epoch still holds prompts it would keep."""
-        per_group = max(1, self._prior_plan.initial_issue)
-        count = min(self.flow_target, math.ceil(rollouts_wanted / per_group))
-        if self.settings.group_sizing == "var_k":   # the split needs its whole draw
-            count = self.settings.vk_batch
+        per_group = max(1, self.planner.prior_plan.initial_issue)
+        count = self.sizing.draw_count(rollouts_wanted, per_group, self.flow_target)
         for _ in range(SKIP_REDRAWS):
-            pids, ranked_at = await self._select_prompts(count)
+            pids, ranked_at = await self.selection.draw(count)
             if not pids:
                 await self._count_busy(now)
                 return 0
             plans, skipped = await self._plans_for(pids)
             opened = await self.store.groups.open_groups(
-                now, self.flow_target, plans, self.commit, skipped,
+                now, self.flow_target, plans, self.allocator.commit, skipped,
                 self.settings.audit_fraction, self.settings.seed, **self.work_floor,
                 skipped_busy=self.draws.take_busy_count())
-            unopened = [pid for _, pid, _ in plans[opened:]]
-            if self.settings.selection in EPOCH_ORDER:
-                await self.store.prompts.unpop_epoch(unopened)
-            else:
-                self.draws.give_back(unopened, ranked_at)
+            await self.selection.give_back([pid for _, pid, _ in plans[opened:]], ranked_at)
             if plans or not skipped:
                 return opened
         return 0
@@ -399,8 +205,8 @@ class Scheduler:
         """Count the busy prompts a draw passed over when it found nothing to open."""
         busy = self.draws.take_busy_count()
         if busy:
-            await self.store.groups.open_groups(now, self.flow_target, [], self.commit, 0,
-                                                skipped_busy=busy)
+            await self.store.groups.open_groups(now, self.flow_target, [],
+                                                self.allocator.commit, 0, skipped_busy=busy)
 
     # --- workers ---------------------------------------------------------------------------------
 
@@ -488,7 +294,7 @@ class Scheduler:
         successes = [_NO_OUTCOME.get(r.finish_reason, int(r.reward >= s.success_threshold))
                      for r in req.results]
         levels = None
-        if self.reward_view:
+        if self.planner.reward_view:
             levels = [str(level_of(r.reward, s.reward_tolerance)) for r in req.results]
         else:
             await self._warn_non_binary(req.results)
@@ -496,10 +302,10 @@ class Scheduler:
             self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
             s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
-            holder_only=holder_only, levels=levels, levels_in_use=self._levels)
+            holder_only=holder_only, levels=levels, levels_in_use=self.planner.levels)
         if levels is not None and not self._known_levels.issuperset(levels):
             self._known_levels.update(levels)
-            await self._refresh_levels()
+            await self.planner.refresh_levels(self.store)
         return ResultsResponse(
             accepted=applied.accepted, duplicates=applied.duplicates, late=applied.late,
             released=applied.released,
@@ -569,24 +375,13 @@ class Scheduler:
         rows = await self.store.groups.read_group_results(gids, self.settings.group_size,
                                                    decode=bytes)
         prompts = await self.store.prompts.read_prompts([pid for pid, _ in rows])
-        groups = [(gid, pid, prompt or {}, *self._kept(results))
+        groups = [(gid, pid, prompt or {}, *self.allocator.delivered(results))
                   for gid, (pid, results), prompt in zip(gids, rows, prompts)]
         stats = BatchStats.model_validate_json(meta["stats"])
         stats = stats.model_copy(update=json.loads(meta.get("estimate") or "{}"))
         return batch_answer(batch_id, stored_int(meta["policy_version"]),
                             float(meta["created_at"]), redelivered, groups, stats,
                             self._sampling)
-
-    def _kept(self, results: list[bytes]) -> tuple[list[bytes], list[float] | None]:
-        """A group's results as delivered, and every reward it drew when those are fewer: under
-        reinforce_ada down-sampled to SARA_ADA_KEEP (`reinforce_ada.keep_slots`), every one
-        (and None) otherwise."""
-        s = self.settings
-        if s.policy != "reinforce_ada":
-            return results, None
-        rewards = [float(json.loads(raw)["reward"]) for raw in results]
-        kept = keep_slots([r >= s.success_threshold for r in rewards], s.ada_keep)
-        return [results[i] for i in kept], (rewards if len(kept) < len(results) else None)
 
     async def ack(self, batch_id: str) -> AckResponse:
         """Confirm a batch; acking twice is harmless."""
@@ -612,7 +407,7 @@ class Scheduler:
         now = self.clock()
         if not self.format_checked:   # Redis was down when the process started
             await self.check_format()
-        await self._refresh_levels()
+        await self.planner.refresh_levels(self.store)
         expired = await self.store.leases.expire_leases(now)
         collected = 0
         for _ in range(gc_rounds):
