@@ -12,6 +12,7 @@ import pytest
 from sara_client.models import RolloutResult
 from sara_service.math.allocation import plan_group
 from sara_service.store.redis_format import GroupField
+from tests.store._apply import apply_results
 from tests.allocation_cases import generate_cases
 
 pytestmark = pytest.mark.anyio
@@ -59,7 +60,7 @@ async def test_lua_matches_python_reference(store, index):
             zip(case["outcomes"], case["decisions"], case["issued_after"])):
         assert n < await _issued(store, gid), "an outcome arrived for a rollout never issued"
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(outcome))
-        applied = await store.leases.apply_results(1.0, "w", [result], [outcome], 0.5, case["alpha0"],
+        applied = await apply_results(store, 1.0, "w", [result], [outcome], 0.5, case["alpha0"],
                                             case["beta0"], 60.0)
         assert applied.accepted == 1
         assert applied.decisions == [(gid, decision)], f"after outcomes {case['outcomes'][:n + 1]}"

@@ -20,6 +20,7 @@ from sara_service.math.reward_levels import (
     decide_levels, decide_levels_history, level_table, mixed_chance_levels, plan_levels,
     plan_levels_history,
 )
+from tests.store._apply import apply_results
 
 pytestmark = pytest.mark.anyio
 
@@ -118,7 +119,7 @@ async def test_lua_matches_the_reward_view_reference(store, index):
     assert int((await _group(store, gid))[GroupField.issued]) == want["plan"].initial_issue
     for n, (level, decision, issued, p) in enumerate(want["steps"]):
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(n % 2))
-        applied = await store.leases.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0, alpha0,
+        applied = await apply_results(store, 1.0, "w", [result], [n % 2], 1.0, alpha0, alpha0,
                                             60.0, levels=[level], levels_in_use=levels)
         assert applied.decisions == [(gid, decision)], f"after levels {stream[:n + 1]}"
         row = await _group(store, gid)
@@ -198,7 +199,7 @@ async def test_lua_matches_the_per_prompt_reference(store, index):
     assert int((await _group(store, gid))[GroupField.issued]) == want["plan"].initial_issue
     for n, (level, decision, issued, p) in enumerate(want["steps"]):
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(n % 2))
-        applied = await store.leases.apply_results(1.0, "w", [result], [n % 2], 1.0, alpha0,
+        applied = await apply_results(store, 1.0, "w", [result], [n % 2], 1.0, alpha0,
                                                    alpha0, 60.0, levels=[level],
                                                    levels_in_use=levels)
         assert applied.decisions == [(gid, decision)], f"after levels {stream[:n + 1]}"

@@ -14,6 +14,7 @@ from sara_client.models import RolloutResult
 from sara_service.math.pilot_commit import decide_pilot, pilot_band, pilot_issued, plan_pilot
 from sara_service.math.selection import greso_streak
 from sara_service.store.redis_format import GroupField
+from tests.store._apply import apply_results
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +84,7 @@ async def test_lua_pilots_match_the_reference(store, index):
     assert await store.groups.open_groups(0.0, 10**9, [(gid, pid, plan)], "complete") == 1
     for n, (outcome, decision, issued) in enumerate(want["steps"]):
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(outcome))
-        applied = await store.leases.apply_results(1.0, "w", [result], [int(outcome)], 1.0, 1.0,
+        applied = await apply_results(store, 1.0, "w", [result], [int(outcome)], 1.0, 1.0,
                                                    1.0, 60.0)
         assert applied.decisions == [(gid, decision)], f"after {outcomes[:n + 1]}"
         (row,) = await store.groups.read_groups([gid])

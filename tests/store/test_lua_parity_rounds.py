@@ -11,6 +11,7 @@ import pytest
 from sara_client.models import RolloutResult
 from sara_service.math.reinforce_ada import decide_round, next_issue, plan_rounds, round_rule
 from sara_service.store.redis_format import GroupField
+from tests.store._apply import apply_results
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +69,7 @@ async def test_lua_rounds_match_the_reference(store, index):
     assert await store.groups.open_groups(0.0, 10**9, [(gid, "p", plan)], "partial") == 1
     for n, (outcome, decision, issued) in enumerate(want["steps"]):
         result = RolloutResult(rollout_id=f"{gid}:{n}", reward=float(outcome))
-        applied = await store.leases.apply_results(1.0, "w", [result], [int(outcome)], 1.0, 1.0,
+        applied = await apply_results(store, 1.0, "w", [result], [int(outcome)], 1.0, 1.0,
                                                    1.0, 60.0)
         assert applied.decisions == [(gid, decision)], f"after {outcomes[:n + 1]}"
         (row,) = await store.groups.read_groups([gid])

@@ -13,6 +13,7 @@ from sara_service.math.allocation import decay_posterior, plan_group
 from sara_service.errors import Conflict, NotFound, UnknownRollouts
 from sara_service.store.store import Store
 from sara_service.store.codec import StoredPosterior
+from tests.store._apply import apply_results
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +26,7 @@ async def report(store, worker, pairs, now=1.0):
     """Apply [(rollout_id, success)] as one results call."""
     results = [RolloutResult(rollout_id=rid, reward=float(ok), completion_tokens=3)
                for rid, ok in pairs]
-    return await store.leases.apply_results(now, worker, results, [ok for _, ok in pairs], 0.5, 1.0, 1.0,
+    return await apply_results(store, now, worker, results, [ok for _, ok in pairs], 0.5, 1.0, 1.0,
                                      100.0)
 
 
@@ -292,7 +293,7 @@ async def _ready_group(store, gid, plan=DS8, outcomes=(1, 0, 1, 1, 0, 1, 0, 1), 
     await store.groups.open_groups(0.0, 100, [(gid, prompt, plan)], "complete")
     results = [RolloutResult(rollout_id=f"{gid}:{i}", reward=float(o), policy_version=version)
                for i, o in enumerate(outcomes)]
-    return await store.leases.apply_results(1.0, "w", results, list(outcomes), 0.5, 1.0, 1.0, 100.0)
+    return await apply_results(store, 1.0, "w", results, list(outcomes), 0.5, 1.0, 1.0, 100.0)
 
 
 async def end_groups(store: Store, *gids: str) -> None:
@@ -381,7 +382,7 @@ async def _group_at_half_life(store, gid, outcomes, half_life, skipped=0):
     await store.groups.open_groups(0.0, 100, [(gid, "p", DS8)], "complete", skipped)
     results = [RolloutResult(rollout_id=f"{gid}:{i}", reward=float(o))
                for i, o in enumerate(outcomes)]
-    await store.leases.apply_results(1.0, "w", results, list(outcomes), 1.0, 1.0, 1.0, 100.0, half_life)
+    await apply_results(store, 1.0, "w", results, list(outcomes), 1.0, 1.0, 1.0, 100.0, half_life)
     return (await store.prompts.get_prompt("p"))[1]
 
 
@@ -444,12 +445,12 @@ async def test_an_aborted_rollout_teaches_nothing_and_its_holder_releases_it_at_
     _, post_before = await store.prompts.get_prompt("p")
     aborted = [RolloutResult(rollout_id="g:0", reward=0.0, finish_reason="abort",
                              completion_tokens=5)]
-    out = await store.leases.apply_results(1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
+    out = await apply_results(store, 1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released, out.late) == (0, 1, 0)
     again, _ = await lease(store, "w2", 1, lease_id="L2")
     assert again == ["g:0"]  # back at the front of the queue, no lease expiry needed
     # an abort from a worker that no longer holds the slot changes nothing but token counts
-    out = await store.leases.apply_results(1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
+    out = await apply_results(store, 1.0, "w1", aborted, [-1], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released, out.late) == (0, 0, 1)
     _, post_after = await store.prompts.get_prompt("p")
     assert (post_after.alpha, post_after.beta) == (post_before.alpha, post_before.beta)
@@ -464,15 +465,15 @@ async def test_a_worker_error_teaches_nothing_until_the_slot_has_failed_three_ti
     for attempt, worker in enumerate(("w1", "w2"), 1):
         held, _ = await lease(store, worker, 1, lease_id=f"L{attempt}")
         assert held == ["g:0"]  # released at once, so the next lease gets it again
-        out = await store.leases.apply_results(1.0, worker, broken, [-2], 0.5, 1.0, 1.0, 100.0)
+        out = await apply_results(store, 1.0, worker, broken, [-2], 0.5, 1.0, 1.0, 100.0)
         assert (out.accepted, out.released) == (0, 1)
     _, during = await store.prompts.get_prompt("p")
     assert (during.alpha, during.beta) == (before.alpha, before.beta)
     # an error from a worker that no longer holds the slot neither releases nor counts
-    out = await store.leases.apply_results(1.0, "w1", broken, [-2], 0.5, 1.0, 1.0, 100.0)
+    out = await apply_results(store, 1.0, "w1", broken, [-2], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released, out.late) == (0, 0, 1)
     held, _ = await lease(store, "w3", 1, lease_id="L3")
-    out = await store.leases.apply_results(1.0, "w3", broken, [-2], 0.5, 1.0, 1.0, 100.0)
+    out = await apply_results(store, 1.0, "w3", broken, [-2], 0.5, 1.0, 1.0, 100.0)
     assert (out.accepted, out.released) == (1, 0)  # the third error: the slot is a failure
     _, after = await store.prompts.get_prompt("p")
     assert (after.alpha, after.beta) == (before.alpha, before.beta + 1)
@@ -528,9 +529,9 @@ async def test_tokens_by_outcome_are_counted_once_per_slot_that_taught_the_poste
     results = [RolloutResult(rollout_id=rid, reward=float(ok), completion_tokens=n)
                for rid, (ok, n) in lengths.items()]
     outcomes = [ok for ok, _ in lengths.values()]
-    await store.leases.apply_results(1.0, "w1", results, outcomes, 0.5, 1.0, 1.0, 100.0)
+    await apply_results(store, 1.0, "w1", results, outcomes, 0.5, 1.0, 1.0, 100.0)
     # a duplicate answer for a slot already learned from is not a second sample
-    await store.leases.apply_results(2.0, "w1", results[:1], outcomes[:1], 0.5, 1.0, 1.0, 100.0)
+    await apply_results(store, 2.0, "w1", results[:1], outcomes[:1], 0.5, 1.0, 1.0, 100.0)
     c = await counters(store)
     assert (c["learned_success_rollouts"], c["learned_success_tokens"]) == (2, 22)
     assert (c["learned_failure_rollouts"], c["learned_failure_tokens"]) == (2, 64)
@@ -545,3 +546,17 @@ async def test_a_batch_says_how_many_versions_its_groups_lag(store):
     stats = json.loads((await store.batches.read_batch("b1"))["stats"])
     assert stats["age_versions_mean"] == 1.5          # 2 and 1 versions behind
     assert (await counters(store))["delivered_lag_versions"] == 3
+
+
+def test_a_reply_is_read_by_name_live_or_replayed():
+    from sara_service.store.results import applied_from_reply
+    live = applied_from_reply([b"ok", 2, 1, 0, [b"g1", b"commit", b"g2", b"abandon"], b"r1 r2", 1])
+    assert (live.accepted, live.duplicates, live.late, live.released) == (2, 1, 0, 1)
+    assert live.decisions == [("g1", "commit"), ("g2", "abandon")] and live.cancel == ["r1", "r2"]
+    assert not live.replayed
+    # cjson stores an empty list as {}: a replayed answer with no decisions reads as none
+    stored = json.dumps([0, 3, 0, {}, "", 0]).encode()
+    again = applied_from_reply([b"replay", stored])
+    assert again.replayed and again.decisions == [] and again.cancel == [] and again.duplicates == 3
+    with pytest.raises(UnknownRollouts):
+        applied_from_reply([b"unknown", [b"x:1"]])

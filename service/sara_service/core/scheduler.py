@@ -38,6 +38,7 @@ from ..settings import Settings
 from ..store.codec import stored_int
 from ..store.leases import Opening
 from ..store.redis_format import FORMAT_VERSION, split_ids
+from ..store.results import Learning, Report
 from ..store.store import Store
 from ..store.wake_stream import WakeStream
 from .allocators import allocator_for
@@ -298,11 +299,12 @@ class Scheduler:
             levels = [str(level_of(r.reward, s.reward_tolerance)) for r in req.results]
         else:
             await self._warn_non_binary(req.results)
-        applied = await self.store.leases.apply_results(
-            self.clock(), req.worker_id, req.results, successes, s.posterior_decay,
-            s.prior_alpha, s.prior_beta, s.retention_s, s.posterior_half_life,
+        learning = Learning(s.prior_alpha, s.prior_beta, s.posterior_decay,
+                            s.posterior_half_life)
+        applied = await self.store.results.apply(self.clock(), Report(
+            req.worker_id, req.results, successes, learning, s.retention_s,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
-            holder_only=holder_only, levels=levels, levels_in_use=self.planner.levels)
+            holder_only=holder_only, levels=levels, levels_in_use=self.planner.levels))
         if levels is not None and not self._known_levels.issuperset(levels):
             self._known_levels.update(levels)
             await self.planner.refresh_levels(self.store)

@@ -1,18 +1,16 @@
 """Leases in Redis: handing pending rollouts to workers (opening groups in the same call when
-the queue runs short), heartbeats, re-queueing what expired, and applying the results workers
-report, which is where SARA's decisions are taken (apply_results.lua)."""
+the queue runs short), heartbeats, re-queueing what expired, and the slots' states. The results
+workers report are applied by `results.ResultsStore`."""
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from sara_client.models import EngineLoad, PolicyInfo, RolloutResult
+from sara_client.models import EngineLoad, PolicyInfo
 
 from . import redis_format as rf
-from ..errors import Conflict, NotFound, UnknownRollouts
+from ..errors import Conflict, NotFound
 from ..math.allocation import GroupPlan
 from .codec import shared_prompt, stored_int, text, texts
 from .errors import unavailable_on_redis_error
@@ -60,33 +58,8 @@ class Opening:
     group_ids: tuple[str, ...]
 
 
-@dataclass
-class AppliedResults:
-    accepted: int
-    duplicates: int
-    late: int
-    decisions: list[tuple[str, str]]
-    cancel: list[str]
-    released: int = 0
-    replayed: bool = False  # the stored answer of a report id applied before
-
-
-def _applied(out: list) -> AppliedResults:
-    """apply_results.lua's answer (or the stored answer it replays) as AppliedResults."""
-    if text(out[0]) == Reply.UNKNOWN:
-        raise UnknownRollouts([text(x) for x in out[1]])
-    replayed = text(out[0]) == Reply.REPLAY
-    if replayed:  # the stored answer: cjson writes an empty list as {}
-        out = [Reply.OK, *[v or [] if isinstance(v, (list, dict)) else v
-                       for v in json.loads(text(out[1]))]]
-    flat = [text(x) for x in out[4]]
-    decisions = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-    return AppliedResults(int(out[1]), int(out[2]), int(out[3]), decisions,
-                          rf.split_ids(text(out[5])), int(out[6]), replayed)
-
-
 class LeaseStore(ResourceStore):
-    """Leases, heartbeats, expiry and results."""
+    """Leases, heartbeats, expiry and slot states."""
 
     @unavailable_on_redis_error
     async def expire_leases(self, now: float, limit: int = 1000) -> int:
@@ -161,65 +134,6 @@ class LeaseStore(ResourceStore):
         if status == Reply.NOT_YOURS:
             raise Conflict("lease_owner", f"lease {lease_id!r} belongs to worker {text(out[1])!r}")
         return rf.split_ids(text(out[1]))
-
-    @unavailable_on_redis_error
-    async def apply_results(self, now: float, worker_id: str, results: list[RolloutResult],
-                            successes: list[int], decay: float, alpha0: float, beta0: float,
-                            retention_s: float, half_life: float = math.inf, *,
-                            report_id: str | None = None, report_ttl_s: int = 0,
-                            holder_only: bool = False, levels: list[str] | None = None,
-                            levels_in_use: int = 2) -> AppliedResults:
-        """Apply results atomically; UnknownRollouts (nothing applied) if any id is unknown.
-
-        Posteriors decay by `decay` per policy version and halve every `half_life` epochs of
-        the pool (see `pool_clock`; inf: never).
-
-        `successes` holds 1/0 per result, -1 for an aborted rollout (no outcome learned) or -2
-        for a worker error (no outcome, until the third on one slot: then a failure). With a
-        `report_id`, the answer is kept `report_ttl_s` in the same script, and a report sent again
-        with that id gets it back (`replayed`) and changes nothing. `holder_only` (an
-        authenticated worker id) ignores results for rollouts another worker holds. `levels`
-        (SARA_EFFECTIVE=reward): each result's reward level, groups decided on whether those
-        differ, among `levels_in_use` (the Dirichlet's size).
-        """
-        versions = await self._lease_versions(worker_id, results)
-        packed = rf.results_arg(results, successes, versions, levels)
-        if packed.unknown:
-            raise UnknownRollouts(packed.unknown)
-        out = await self.runner.run(
-            "apply_results",
-            # Lua cannot read "inf" portably: 0 stands for no half-life
-            dict(now=now, worker_id=worker_id, decay=decay, alpha0=alpha0, beta0=beta0,
-                 retention_s=retention_s,
-                 half_life=repr(half_life) if math.isfinite(half_life) else 0,
-                 count=len(results), report_ttl_s=report_ttl_s if report_id else 0,
-                 holder_only=int(holder_only), results=packed.rows,
-                 levels=0 if levels is None else max(2, levels_in_use)),
-            # without a report id the script never touches KEYS[16]: any key of the run will do
-            dict(report=self.keys.report(worker_id, report_id) if report_id else self.keys.stats),
-            more_keys=[self.keys.group(g) for g in packed.groups], more_args=packed.blobs)
-        return _applied(out)
-
-    async def _lease_versions(self, worker_id: str, results: list[RolloutResult]) -> list[int]:
-        """Each result's policy version: its own, else the version its lease was granted under
-        (the current one when the worker no longer holds that rollout)."""
-        missing = [r.rollout_id for r in results if r.policy_version is None]
-        if not missing:
-            return [r.policy_version for r in results]  # type: ignore[misc]
-        states = await self.slot_states(missing)
-        leases = {rid: slot.lease_id for rid, slot in zip(missing, states)
-                  if slot.kind == "leased" and slot.worker_id == worker_id}
-        # one read per lease, not per rollout: a report's results mostly share one lease
-        lease_ids = list(dict.fromkeys(leases.values()))
-        pipe = self.redis.pipeline(transaction=False)
-        for lid in lease_ids:
-            pipe.hget(self.keys.lease(lid), "policy_version")
-        pipe.hget(self.keys.policy, "version")
-        *granted, current = await pipe.execute()
-        by_lease = dict(zip(lease_ids, granted))
-        return [r.policy_version if r.policy_version is not None else
-                stored_int(by_lease.get(leases.get(r.rollout_id, "")) or current)
-                for r in results]
 
     @unavailable_on_redis_error
     async def slot_states(self, rollout_ids: list[str]) -> list[rf.Slot]:

@@ -237,6 +237,12 @@ RUN_STATES = ("paused", "draining")  # the run_state string; absent: running
 OFF_STATES = ("disabled", "deleted")  # the prompts_off hash
 
 
+# apply_results.lua's answer after its status word (and the stored answer a replay returns), in
+# order: results accepted, duplicates, late, [group id, decision, ...], cancel ids (text),
+# rollouts released
+APPLIED_FIELDS = ("accepted", "duplicates", "late", "decisions", "cancel", "released")
+
+
 class Reply:
     """Status words the scripts answer (each script's own set: ScriptSpec.replies)."""
 

@@ -3,7 +3,8 @@ script runner.
 
 - `prompts` (prompts.py): the pool, posteriors, the epoch queue, disabling and deleting;
 - `groups` (groups.py): opening groups under flow control, reading them, collecting them;
-- `leases` (leases.py): leases, heartbeats, expiry, and the results where SARA decides;
+- `leases` (leases.py): leases, heartbeats, expiry, slot states;
+- `results` (results.py): workers' reports applied, where SARA decides;
 - `batches` (batches.py): forming, acking and reading batches;
 - `policy` (policy.py): the published version, and GRESO's rates that step with it;
 - `run` (run.py): pause/drain, counters and /stats, workers, the stored format (migrate.py).
@@ -27,6 +28,7 @@ from .keys import Keys
 from .leases import LeaseStore
 from .policy import PolicyStore
 from .prompts import PromptStore
+from .results import ResultsStore
 from .run import RunStore
 from .runner import ScriptRunner
 
@@ -41,6 +43,7 @@ class Store:
         self.prompts = PromptStore(self.runner)
         self.groups = GroupStore(self.runner)
         self.leases = LeaseStore(self.runner)
+        self.results = ResultsStore(self.runner, self.leases)
         self.batches = BatchStore(self.runner)
         self.policy = PolicyStore(self.runner)
         self.run = RunStore(self.runner)
