@@ -9,6 +9,7 @@ and a `sara serve` subprocess with its own embedded Redis.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shlex
 import statistics
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -166,19 +168,22 @@ class InflightSampler:
 class ServeProcess:
     """`sara serve` (its own embedded Redis) in a subprocess, reached over HTTP, as deployed.
 
-    ``flags`` are extra `sara serve` flags (the policy's); ``env`` extra SARA_* variables. The
-    caller's own SARA_* variables are not passed on: the bench says everything it runs."""
+    ``flags`` are extra `sara serve` flags (the policy's); ``env`` extra SARA_* variables;
+    ``internal`` settings a user cannot set (`_serve_internal.py`). The caller's own SARA_*
+    variables are not passed on: the bench says everything it runs."""
 
     def __init__(self, work: Path, *, group_size: int, flags: list[str] | None = None,
                  env: dict[str, str] | None = None, nice: int = 0,
-                 batch_size: int = 8) -> None:
+                 batch_size: int = 8, internal: dict[str, Any] | None = None) -> None:
         from sara_service.embedded import free_port
 
         self.port = free_port()
         work.mkdir(parents=True, exist_ok=True)
         self.log = work / "serve.log"
         niced = ["nice", "-n", str(nice)] if nice else []
-        self.cmd = [*niced, sys.executable, "-m", "sara_cli", "serve", "--port", str(self.port),
+        sara = ([str(Path(__file__).with_name("_serve_internal.py")), json.dumps(internal)]
+                if internal else ["-m", "sara_cli"])
+        self.cmd = [*niced, sys.executable, *sara, "serve", "--port", str(self.port),
                     "--group-size", str(group_size), "--batch-size", str(batch_size),
                     "--data-dir", str(work / "sara-data"), "--log-level", "warning",
                     *(flags or [])]

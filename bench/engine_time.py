@@ -345,14 +345,15 @@ def start_schedulers(args, work: Path) -> dict[str, ServeProcess]:
            "SARA_MAX_STALENESS": "100"}
     if args.prefetch_batches is not None:
         env["SARA_PREFETCH_BATCHES"] = str(args.prefetch_batches)
-    if args.work_floor is not None:
-        env["SARA_WORK_FLOOR"] = str(args.work_floor)
+    # the work floor is no setting of a run: the bench sets it inside the serve process
+    internal = {"work_floor": args.work_floor} if args.work_floor is not None else None
     out = {}
     try:
         for policy in args.policies:
             flags, _, extra = POLICIES[policy]
             out[policy] = ServeProcess(work / policy, group_size=args.k, flags=flags,
-                                       env={**env, **extra}, batch_size=args.batch_size).start()
+                                       env={**env, **extra}, batch_size=args.batch_size,
+                                       internal=internal).start()
     except BaseException:
         for s in out.values():
             s.stop()

@@ -18,7 +18,8 @@ SERVER = "Server"   # the panel of the process's own options, shown first
 ServerLogLevel, ServerLogFormat = log_options(SERVER)
 
 
-@with_generated_flags(settings_flags(service_settings.Settings, skip=set(), groups=PANELS))
+@with_generated_flags(settings_flags(service_settings.Settings,
+                                     skip=set(service_settings.INTERNAL_SETTINGS), groups=PANELS))
 def serve(
     host: Annotated[str, typer.Option(
         help="Interface to listen on; other than loopback, tokens are needed (or --insecure).",

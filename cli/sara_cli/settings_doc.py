@@ -96,11 +96,11 @@ def scheduler_section() -> list[str]:
     """The Settings fields, a table per group."""
     from sara_service.setting_groups import SETTING_GROUPS, SettingGroup
     from sara_service.retired_settings import RETIRED_SETTINGS
-    from sara_service.settings import Settings
+    from sara_service.settings import INTERNAL_SETTINGS, Settings
 
     lines = ["", "## The scheduler: `SARA_*` and `sara serve`"]
     fields = Settings.model_fields
-    placed = {n for group in SETTING_GROUPS for n in group.fields}
+    placed = {n for group in SETTING_GROUPS for n in group.fields} | INTERNAL_SETTINGS
     # a field in no group still shows (tests/unit/test_cli_help.py catches the drift)
     other = SettingGroup("other", "Other settings", "Not in a group of setting_groups yet.",
                          tuple(n for n in fields if n not in placed))

@@ -1,5 +1,8 @@
 """Settings taken off the user surface, with what to do instead.
 
+Some stay fields a benchmark sets in its own process (settings.INTERNAL_SETTINGS); none is read
+from the environment or offered as a flag.
+
 A run that still sets one is told so once a process, for one release; then the name is simply
 unknown (pydantic-settings ignores an unknown SARA_* variable).
 """
@@ -14,6 +17,14 @@ log = logging.getLogger("sara.service")
 RETIRED_SETTINGS: dict[str, str] = {
     "SARA_REDIS_EMBEDDED": "sara serve knows itself whether it started Redis (/stats "
                            "config.redis says which); unset it",
+    "SARA_POSTERIOR_DECAY": "a posterior forgets by the pool's epochs, "
+                            "SARA_POSTERIOR_HALF_LIFE; the per-version rule is kept for "
+                            "bench/allocation.py's comparison only",
+    "SARA_DPS_CENSORED": "DPS always reads an abandoned group as the prefix it saw; the "
+                         "uncensored labels are kept for bench/allocation.py's comparison only",
+    "SARA_WORK_FLOOR": "measured to fill the engine with groups that arrive too old "
+                       "(docs/benchmarks.md, engine time); bench/engine_time.py --work-floor "
+                       "still measures it",
 }
 
 _said: set[str] = set()   # what this process has said already

@@ -1,11 +1,14 @@
 """The scheduler's settings by group, the one place that says which group a setting is in:
 `sara serve --help` shows a panel per group and docs/settings.md a section per group
 (`python -m sara_cli.settings_doc`), both in this order. Every field of `Settings` is in exactly
-one group (tests/unit/test_settings_doc.py holds it)."""
+one group (tests/unit/test_settings_doc.py holds it): the user's groups, or INTERNAL (set by
+benchmarks in their own process, never shown as a flag or a variable)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .settings import INTERNAL_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,7 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
                  ("success_threshold", "effective", "reward_tolerance", "reward_levels")),
     SettingGroup("prior", "Prior and memory", "The Beta prior every plan starts from, and how "
                  "a prompt's posterior forgets.",
-                 ("prior", "prior_alpha", "prior_beta", "posterior_decay",
-                  "posterior_half_life")),
+                 ("prior", "prior_alpha", "prior_beta", "posterior_half_life")),
     SettingGroup("sara", "Allocator: SARA", "SARA_POLICY=sara: abandon a group once it is "
                  "unlikely to come out mixed.",
                  ("tau_low", "tau_low_fail", "tau_floor", "auto_refit_groups", "auto_price",
@@ -48,11 +50,11 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
     SettingGroup("selection", "Selection", "Which prompts groups open on (SARA_SELECTION: "
                  "epoch, history, dps, mopps, greso), and each rule's parameters.",
                  ("selection", "tau_skip", "selection_lambda", "selection_rank", "dps_decay",
-                  "dps_prior", "dps_censored", "mopps_target", "greso_target", "greso_p_start",
+                  "dps_prior", "mopps_target", "greso_target", "greso_p_start",
                   "greso_p_min", "greso_p_max", "greso_step")),
     SettingGroup("flow", "Flow control", "How many groups are kept ready or in the making, and "
                  "how old a delivered group may be.",
-                 ("prefetch_batches", "work_floor", "max_staleness", "max_rollouts_per_batch")),
+                 ("prefetch_batches", "max_staleness", "max_rollouts_per_batch")),
     SettingGroup("sampling", "Sampling", "Sent to the workers with every rollout.",
                  ("temperature", "top_p", "max_tokens")),
     SettingGroup("limits", "Limits and timeouts", "Lease, batch and retention times, long "
@@ -70,9 +72,14 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
 )
 
 
+# not shown to users: the fields benchmarks set in their own process
+INTERNAL = SettingGroup("internal", "Internal", "Set by benchmarks in their own process only.",
+                        tuple(sorted(INTERNAL_SETTINGS)))
+
+
 def group_of(field: str) -> SettingGroup:
     """The group a Settings field is in; KeyError for a field in none."""
-    for group in SETTING_GROUPS:
+    for group in (*SETTING_GROUPS, INTERNAL):
         if field in group.fields:
             return group
     raise KeyError(f"setting {field!r} is in no group of sara_service.setting_groups")

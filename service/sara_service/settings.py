@@ -2,7 +2,7 @@
 
 Nothing here is built at import time; `Settings()` reads the environment when it is called.
 The module runs past 400 lines as one concept: every setting a replica reads, with the validators
-that say which combinations can run (the peers' settings are due to move beside their strategies).
+that say which combinations can run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, PrivateAttr, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict)
 
 from .retired_settings import say_retired
 
@@ -32,12 +32,40 @@ REWARD_VIEW_REFUSES = {
 }
 # chosen from the sweep in docs/benchmarks.md ("Posterior memory")
 DEFAULT_HALF_LIFE = 4.0
+# Fields a benchmark sets in its own process (`Settings(work_floor=2.0)`, `sara_client.local`),
+# never read from SARA_* nor offered as flags: they serve comparisons (the per-version memory
+# rule, DPS's uncensored labels, a work floor measured to age groups), not runs. A run that sets
+# one is told so (retired_settings).
+INTERNAL_SETTINGS = frozenset({"posterior_decay", "dps_censored", "work_floor"})
+
+
+class _WithoutInternal(PydanticBaseSettingsSource):
+    """A settings source (the environment, a .env file) with the internal fields left out."""
+
+    def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource
+                 ) -> None:
+        super().__init__(settings_cls)
+        self.source = source
+
+    def get_field_value(self, field, field_name):  # type: ignore[no-untyped-def]
+        return None, field_name, False   # __call__ answers for the whole source
+
+    def __call__(self) -> dict:
+        return {k: v for k, v in self.source().items() if k not in INTERNAL_SETTINGS}
 
 
 class Settings(BaseSettings):
     """Everything one scheduler replica needs; every replica of a namespace must agree on it."""
 
     model_config = SettingsConfigDict(env_prefix="SARA_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,  # type: ignore[no-untyped-def,override]
+                                   dotenv_settings, file_secret_settings):
+        """Arguments first, then SARA_*, a .env file and secrets, none of them setting an
+        internal field (INTERNAL_SETTINGS)."""
+        return (init_settings, _WithoutInternal(settings_cls, env_settings),
+                _WithoutInternal(settings_cls, dotenv_settings), file_secret_settings)
 
     redis_url: str | None = Field(None, description="Redis to use (redis+cluster://host:port: a "
                                                   "Redis Cluster); unset starts an embedded one.")

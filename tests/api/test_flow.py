@@ -58,8 +58,9 @@ async def test_groups_stop_opening_at_the_target_and_resume_after_a_batch(make_a
 
 
 async def test_the_work_floor_fills_short_leases_until_a_batch_is_ready(make_api):
-    """With SARA_WORK_FLOOR=2, short leases open groups up to twice the flow target while no
-    batch is ready; once one is, only the target counts, as without a floor."""
+    """With a work floor of 2 (internal: benchmarks set it in process), short leases open groups
+    up to twice the flow target while no batch is ready; once one is, only the target counts, as
+    without a floor."""
     api = await make_api(batch_size=2, prefetch_batches=1, work_floor=2.0)  # target 2, floor 4
     await api.add(*(prompt_spec(f"m{i}", "mixed") for i in range(12)))
     held = []

@@ -46,3 +46,23 @@ def test_a_report_is_written_below_the_earlier_ones_only_when_asked(tmp_path, ca
     meter.publish_report("third\n", out, write=True)
     assert out.read_text() == "third\n"
     assert meter.command_line("b.py", ["--out", "a b"]) == "python bench/b.py --out 'a b'"
+
+
+def test_a_bench_sets_an_internal_setting_inside_the_serve_process(tmp_path):
+    """`--work-floor` reaches the scheduler although no variable or flag can set it: the serve
+    process is started through bench/_serve_internal.py (a real `sara serve`, /stats read)."""
+    import httpx
+
+    served = meter.ServeProcess(tmp_path / "floor", group_size=4, internal={"work_floor": 2.0},
+                                env={"SARA_WORK_FLOOR": "3"}).start()
+    try:
+        config = httpx.get(f"{served.url}/stats", timeout=10).json()["config"]
+        assert config["work_floor"] == 2.0 and config["group_size"] == 4
+    finally:
+        served.stop()
+    plain = meter.ServeProcess(tmp_path / "plain", group_size=4,
+                               env={"SARA_WORK_FLOOR": "3"}).start()
+    try:
+        assert httpx.get(f"{plain.url}/stats", timeout=10).json()["config"]["work_floor"] == 1.0
+    finally:
+        plain.stop()

@@ -488,13 +488,14 @@ def test_settings_refuse_a_half_life_that_is_not_positive(value, monkeypatch):
         Settings()
 
 
-def test_settings_accept_an_infinite_half_life_and_the_old_per_version_decay(monkeypatch):
+def test_settings_accept_an_infinite_half_life_and_the_old_decay_only_in_process(monkeypatch):
     from sara_service.settings import Settings
 
     monkeypatch.setenv("SARA_POSTERIOR_HALF_LIFE", "inf")
-    monkeypatch.setenv("SARA_POSTERIOR_DECAY", "0.5")
+    monkeypatch.setenv("SARA_POSTERIOR_DECAY", "0.5")   # internal: the environment cannot set it
     s = Settings()
-    assert s.posterior_half_life == math.inf and s.posterior_decay == 0.5
+    assert s.posterior_half_life == math.inf and s.posterior_decay == 1.0
+    assert Settings(posterior_decay=0.5).posterior_decay == 0.5   # a benchmark, in process
 
 
 # ------------------------------------------------------------- a lower threshold on failures

@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from sara_cli import main as cli
-from sara_service.settings import Settings
+from sara_service.settings import INTERNAL_SETTINGS, Settings
 from sara_trainer.config import TrainerConfig
 
 from .test_cli import serve_settings
@@ -27,12 +27,13 @@ def _options(command: str) -> set[str]:
     return {o for p in params if p.param_type_name == "option" for o in p.opts}
 
 
-def test_every_scheduler_setting_but_the_secrets_is_a_flag_of_sara_serve():
+def test_every_scheduler_setting_but_the_secrets_and_internals_is_a_flag_of_sara_serve():
     options = _options("serve")
-    for name in set(Settings.model_fields) - SECRETS:
+    for name in set(Settings.model_fields) - SECRETS - INTERNAL_SETTINGS:
         assert "--" + name.replace("_", "-") in options, name
-    for secret in SECRETS:   # a command line is visible to every user of the machine
-        assert "--" + secret.replace("_", "-") not in options
+    # a command line is visible to every user of the machine; internals are no user's settings
+    for name in SECRETS | INTERNAL_SETTINGS:
+        assert "--" + name.replace("_", "-") not in options
 
 
 def test_every_trainer_field_is_a_flag_of_sara_train_under_its_contract_name():
@@ -47,8 +48,9 @@ def test_every_trainer_field_is_a_flag_of_sara_train_under_its_contract_name():
 def test_a_generated_serve_flag_reaches_the_settings_and_beats_the_environment(monkeypatch):
     monkeypatch.setenv("SARA_MAX_STALENESS", "5")
     settings = serve_settings(monkeypatch, ["--max-staleness", "3", "--prior", "history",
-                                             "--no-dps-censored", "--posterior-half-life", "inf"])
-    assert (settings.max_staleness, settings.prior, settings.dps_censored) == (3, "history", False)
+                                             "--no-pc-exclude-solved", "--posterior-half-life", "inf"])
+    assert (settings.max_staleness, settings.prior, settings.pc_exclude_solved) == (
+        3, "history", False)
     assert settings.posterior_half_life == float("inf")
     # unset flags leave the environment's value in force
     monkeypatch.setenv("SARA_TEMPERATURE", "0.7")

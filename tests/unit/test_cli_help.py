@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from sara_cli import main as cli
-from sara_service.setting_groups import SETTING_GROUPS
+from sara_service.setting_groups import INTERNAL, SETTING_GROUPS
 from sara_service.settings import Settings
 from sara_trainer.config import CONFIG_GROUPS, TrainerConfig
 
@@ -87,7 +87,7 @@ def test_sara_train_shows_a_panel_per_config_group_in_order():
 
 
 def test_settings_groups_hold_every_field_once():
-    placed = [n for g in SETTING_GROUPS for n in g.fields]
+    placed = [n for g in (*SETTING_GROUPS, INTERNAL) for n in g.fields]
     assert sorted(placed) == sorted(Settings.model_fields)
     placed = [n for fields in CONFIG_GROUPS.values() for n in fields]
     assert sorted(placed) == sorted(f.name for f in dataclasses.fields(TrainerConfig)
