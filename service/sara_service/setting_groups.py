@@ -48,10 +48,16 @@ SETTING_GROUPS: tuple[SettingGroup, ...] = (
                  "uniform, dynamic_sampling or sara).",
                  ("group_sizing", "vk_min", "vk_max", "vk_confidence", "vk_batch")),
     SettingGroup("selection", "Selection", "Which prompts groups open on (SARA_SELECTION: "
-                 "epoch, history, dps, mopps, greso), and each rule's parameters.",
-                 ("selection", "tau_skip", "selection_lambda", "selection_rank", "dps_decay",
-                  "dps_prior", "mopps_target", "greso_target", "greso_p_start",
-                  "greso_p_min", "greso_p_max", "greso_step")),
+                 "epoch, history, dps, mopps, greso): history's filter and the ranked "
+                 "selections' draws.",
+                 ("selection", "tau_skip", "selection_lambda", "selection_rank")),
+    SettingGroup("dps", "Selection: DPS", "SARA_SELECTION=dps: rank candidates by their "
+                 "predicted chance of a mixed group.", ("dps_decay", "dps_prior")),
+    SettingGroup("mopps", "Selection: MoPPS", "SARA_SELECTION=mopps: rank candidates by a "
+                 "Thompson sample's closeness to a target rate.", ("mopps_target",)),
+    SettingGroup("greso", "Selection: GRESO", "SARA_SELECTION=greso: skip prompts whose "
+                 "recent groups had zero variance, at adapting rates.",
+                 ("greso_target", "greso_p_start", "greso_p_min", "greso_p_max", "greso_step")),
     SettingGroup("flow", "Flow control", "How many groups are kept ready or in the making, and "
                  "how old a delivered group may be.",
                  ("prefetch_batches", "max_staleness", "max_rollouts_per_batch")),

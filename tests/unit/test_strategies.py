@@ -15,7 +15,7 @@ from sara_service.core.allocators import ALLOCATORS, allocator_for
 from sara_service.core.planning import Planner
 from sara_service.core.selections import SELECTIONS
 from sara_service.core.sizing import SIZINGS, sizing_for
-from sara_service.settings import AllocationPolicy, SelectionPolicy, Settings
+from sara_service.settings import INTERNAL_SETTINGS, AllocationPolicy, SelectionPolicy, Settings
 from sara_service.store.codec import decode_posterior
 
 SCHEDULER = Path(__file__).resolve().parents[2] / "service/sara_service/core/scheduler.py"
@@ -109,3 +109,18 @@ def test_a_selection_reads_history_unless_it_is_epoch_order(name):
     settings = Settings(selection=name)
     selection = SELECTIONS[name](settings, store=None, planner=None, rng=random.Random(0))
     assert selection.reads_history == (name != "epoch")
+
+
+def test_a_peers_settings_are_declared_with_it_and_shown_as_its_group():
+    from sara_service.setting_groups import SETTING_GROUPS
+
+    groups = {g.key: set(g.fields) for g in SETTING_GROUPS}
+    strategies = {"reinforce_ada": ALLOCATORS["reinforce_ada"],
+                  "pilot_commit": ALLOCATORS["pilot_commit"], "dps": SELECTIONS["dps"],
+                  "mopps": SELECTIONS["mopps"], "greso": SELECTIONS["greso"]}
+    for key, strategy in strategies.items():
+        declared = set(strategy.settings_class.model_fields) - INTERNAL_SETTINGS
+        assert declared == groups[key], key
+    # var_k's group also holds the switch that picks it (SARA_GROUP_SIZING)
+    assert set(SIZINGS["var_k"].settings_class.model_fields) == groups["var_k"]
+    assert ALLOCATORS["sara"].settings_class is None

@@ -15,6 +15,7 @@ from ..math.knapsack import KnapsackParams, estimated_rate, sized_plan, split_bu
 from ..math.selection import greso_streak
 from ..settings import Settings
 from ..store.codec import StoredPosterior
+from ..strategy_settings import VarKSettings
 from .planning import Planner
 
 Planned = list[tuple[str, GroupPlan]]
@@ -24,6 +25,7 @@ class FixedSizing:
     """fixed: k for every group, each prompt planned by its allocator."""
 
     reads_history = False
+    settings_class: type | None = None   # its own settings (strategy_settings), if it has any
 
     def __init__(self, settings: Settings, planner: Planner) -> None:
         self.settings, self.planner = settings, planner
@@ -51,6 +53,7 @@ class VarK(FixedSizing):
     instead: the split chose the prompt."""
 
     reads_history = True
+    settings_class = VarKSettings
 
     def __init__(self, settings: Settings, planner: Planner) -> None:
         super().__init__(settings, planner)
