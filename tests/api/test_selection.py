@@ -93,3 +93,24 @@ async def test_group_ends_are_counted_by_outcome(make_api):
     assert counters["groups_ended_all_fail"] == groups["f"] > 0
     assert counters["groups_ended_all_success"] == groups["s"] > 0
     assert counters["groups_ended_mixed"] == groups["m"] > 0
+
+
+async def test_stats_show_each_strategy_and_what_it_adds(make_api):
+    """/stats' `strategy`: the names in force, GRESO's rates (stepped by the run, read from
+    Redis), a ranked selection's round on this replica; nothing more under epoch order."""
+    plain = await make_api(batch_size=2, prefetch_batches=1)
+    await plain.add(*(prompt_spec(f"e{i}", "mixed") for i in range(4)))
+    await _train_rounds(plain, 1)
+    assert (await plain.stats())["strategy"] == {"policy": "sara", "selection": "epoch",
+                                                  "group_sizing": "fixed"}
+    greso = await make_api(batch_size=2, prefetch_batches=1, selection="greso")
+    await greso.add(*(prompt_spec(f"g{i}", "fail") for i in range(4)))
+    await _train_rounds(greso, 2)
+    shown = (await greso.stats())["strategy"]
+    assert shown["selection"] == "greso" and 0.0 < shown["p_easy"] <= 1.0
+    assert 0.0 < shown["p_hard"] <= 1.0 and shown["stepped_at_version"] >= 0
+    dps = await make_api(batch_size=2, prefetch_batches=1, selection="dps")
+    await dps.add(*(prompt_spec(f"d{i}", "mixed") for i in range(8)))
+    await _train_rounds(dps, 2)
+    shown = (await dps.stats())["strategy"]
+    assert shown["ranked_at_version"] >= 0 and shown["ranked_left"] >= 0

@@ -170,3 +170,8 @@ class StatsResponse(AnswerModel):
     auto_thresholds: dict[str, Any] | None = Field(
         None, description="Under tau_low=auto: the price rho in force (rollouts per effective "
                           "group), its live and model parts, and the fresh-prompt thresholds.")
+    strategy: dict[str, Any] = Field(
+        default_factory=dict, description="The run's strategies (policy, selection, "
+                                          "group_sizing) and what each adds: GRESO's "
+                                          "exploration rates in force, the ranked selections' "
+                                          "round on the replica that answered.")

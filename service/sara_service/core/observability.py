@@ -178,9 +178,10 @@ def _warnings(snap: StatsSnapshot, settings: Settings) -> list[str]:
 
 
 async def stats_view(store: Store, settings: Settings, now: float,
-                     auto: Any = None) -> StatsResponse:
+                     auto: Any = None, strategy: dict[str, Any] | None = None) -> StatsResponse:
     """Everything /stats shows, read in one pipelined round trip; `auto` is the scheduler's
-    AutoPricer under tau_low=auto (its price and thresholds in force)."""
+    AutoPricer under tau_low=auto (its price and thresholds in force), `strategy` what the
+    scheduler's strategies add (Scheduler.strategy_stats)."""
     snap = await store.run.stats_snapshot()
     counters = _counters(snap.counters)
     derived = derive(counters, settings.group_size)
@@ -202,7 +203,8 @@ async def stats_view(store: Store, settings: Settings, now: float,
         recent_batches=snap.recent_batches,
         reward_levels=dict(sorted(snap.reward_levels.items(), key=lambda x: int(x[0]))),
         warnings=_warnings(snap, settings),
-        auto_thresholds=auto.snapshot() if auto is not None else None)
+        auto_thresholds=auto.snapshot() if auto is not None else None,
+        strategy=strategy or {})
     view.warnings += await run_warnings(store, settings, now)
     return view
 

@@ -24,7 +24,7 @@ import math
 import os
 import random
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from sara_client.models import (AckResponse, AddPromptsRequest, AddPromptsResponse, Batch,
                                 BatchStats, GroupDecision, HeartbeatResponse, LeaseRequest,
@@ -101,6 +101,15 @@ class Scheduler:
         history: a uniform prior, and no strategy that reads prompts' posteriors."""
         return self.settings.prior == "uniform" and not any(
             part.reads_history for part in (self.allocator, self.selection, self.sizing))
+
+    async def strategy_stats(self) -> dict[str, Any]:
+        """/stats' `strategy`: each strategy's name and what it adds (see their `stats`)."""
+        s = self.settings
+        out: dict[str, Any] = {"policy": s.policy, "selection": s.selection,
+                               "group_sizing": s.group_sizing}
+        for part in (self.allocator, self.selection, self.sizing):
+            out.update(await part.stats())
+        return out
 
     @property
     def flow_target(self) -> int:

@@ -3,12 +3,14 @@
 - `draw_count(rollouts_wanted, per_group, flow_target)`: prompts to draw for a lease;
 - `plans(drawn, version, clock)`: (prompt id, plan) for the drawn prompts, and how many were
   not opened (a plan that skips its prompt);
-- `reads_history`: whether sizing reads the prompts' posteriors.
+- `reads_history`: whether sizing reads the prompts' posteriors;
+- `stats()`: what it adds to /stats' `strategy`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..math.allocation import GroupPlan
 from ..math.knapsack import KnapsackParams, estimated_rate, sized_plan, split_budget
@@ -29,6 +31,10 @@ class FixedSizing:
 
     def __init__(self, settings: Settings, planner: Planner) -> None:
         self.settings, self.planner = settings, planner
+
+    async def stats(self) -> dict[str, Any]:
+        """What this sizing adds to /stats' `strategy` (nothing: group sizes show in batches)."""
+        return {}
 
     def draw_count(self, rollouts_wanted: int, per_group: int, flow_target: int) -> int:
         """Enough groups for the rollouts wanted, at most flow control's target."""

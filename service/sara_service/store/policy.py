@@ -7,7 +7,7 @@ from sara_client.models import PolicyInfo
 
 from ..errors import Conflict
 from ..math.selection import GresoParams
-from .codec import stored_int, text
+from .codec import stored_int, text, texts
 from .errors import unavailable_on_redis_error
 from .redis_format import Reply
 from .runner import ResourceStore
@@ -33,6 +33,15 @@ class PolicyStore(ResourceStore):
         raw = await self.redis.hmget(self.keys.policy, ["version", "checkpoint"])
         checkpoint = text(raw[1]) if raw[1] else None
         return PolicyInfo(version=stored_int(raw[0]), checkpoint=checkpoint or None)
+
+    @unavailable_on_redis_error
+    async def greso_state(self) -> dict[str, float]:
+        """GRESO's rates in force and the version they were stepped at (empty before the first
+        draw), read without stepping them."""
+        raw = texts(await self.redis.hgetall(self.keys.greso))
+        return {name: float(raw[field]) for name, field in
+                (("p_easy", "p_easy"), ("p_hard", "p_hard"), ("stepped_at_version", "v"))
+                if field in raw}
 
     @unavailable_on_redis_error
     async def greso_rates(self, version: int, adapt: bool, params: GresoParams

@@ -11,7 +11,9 @@ by `apply_results.lua` on the plan's fields). The scheduler knows only this inte
 - `excludes(post)`: a prompt this policy does not sample again (reads its history when
   `reads_history`);
 - `delivered(results)`: a group's results as the trainer gets them;
-- `prices_by_tau`: whether tau_low=auto prices its plans (SARA only: the baselines ignore τ).
+- `prices_by_tau`: whether tau_low=auto prices its plans (SARA only: the baselines ignore τ);
+- `stats()`: what it adds to /stats' `strategy`;
+- `settings_class`: its own settings (strategy_settings), if it has any.
 
 The pure math each one calls lives in `math/` (allocation, reinforce_ada, pilot_commit).
 """

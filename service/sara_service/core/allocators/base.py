@@ -3,6 +3,8 @@ dynamic_sampling and SARA (see the package's docstring)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...math.allocation import GroupPlan, plan_group
 from ...math.reward_levels import plan_levels
 from ...settings import Settings
@@ -45,6 +47,10 @@ class Allocator:
     def delivered(self, results: list[bytes]) -> tuple[list[bytes], list[float] | None]:
         """A group's results as delivered, and every reward it drew when those are fewer."""
         return results, None
+
+    async def stats(self) -> dict[str, Any]:
+        """What this policy adds to /stats' `strategy` (its decisions are in the counters)."""
+        return {}
 
 
 class Sara(Allocator):

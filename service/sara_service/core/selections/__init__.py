@@ -9,7 +9,9 @@ group in flight (`draws.PromptDraws`). What differs is behind this interface:
   count as `groups_skipped`;
 - `scores(pids, posts, version)`: a ranking's score per candidate (dps, mopps);
 - `reads_history`: whether choosing reads the prompts' posteriors (then the lease script cannot
-  open groups on its own: see `Scheduler._opening`).
+  open groups on its own: see `Scheduler._opening`);
+- `stats()`: what it adds to /stats' `strategy` (GRESO's rates, a ranked round);
+- `settings_class`: its own settings (strategy_settings), if it has any.
 
 The pure rules (DPS's transition model, MoPPS's Thompson score, GRESO's keep chance) live in
 `math/selection.py`.

@@ -4,6 +4,7 @@ selections' base (see the package's docstring)."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from ...settings import Settings
 from ...store.codec import StoredPosterior
@@ -36,6 +37,10 @@ class Selection:
         """Which drawn prompts open a group (all, here)."""
         return [True] * len(posts)
 
+    async def stats(self) -> dict[str, Any]:
+        """What this selection adds to /stats' `strategy` (nothing for epoch order)."""
+        return {}
+
     async def scores(self, pids: list[str], posts: list[StoredPosterior], version: int
                      ) -> list[float]:
         """A ranking's score of each candidate (epoch order ranks nothing)."""
@@ -53,3 +58,8 @@ class Ranked(Selection):
 
     async def give_back(self, pids: list[str], ranked_at: int) -> None:
         self.draws.give_back(pids, ranked_at)
+
+    async def stats(self) -> dict[str, Any]:
+        """This replica's ranked round: the version it was ranked at, and prompts left in it."""
+        rounds = self.draws.round
+        return {"ranked_at_version": rounds.version, "ranked_left": len(rounds.ranked)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from ...math.selection import GresoParams, greso_keep_chance, greso_streak
 from ...settings import Settings
@@ -27,6 +28,10 @@ class Greso(Selection):
         s = settings
         self.params = GresoParams(target=s.greso_target, p_start=s.greso_p_start,
                                   p_min=s.greso_p_min, p_max=s.greso_p_max, step=s.greso_step)
+
+    async def stats(self) -> dict[str, Any]:
+        """GRESO's exploration rates in force (shared by every replica, in Redis)."""
+        return await self.store.policy.greso_state()
 
     async def kept(self, posts: list[StoredPosterior], version: int, clock: float
                    ) -> list[bool]:

@@ -24,9 +24,9 @@ async def get_group(group_id: Identifier, scheduler: SchedulerDep) -> GroupOut:
 @router.get("/stats", response_model=StatsResponse, dependencies=[ReaderRole],
             responses=AUTH_RESPONSES)
 async def stats(scheduler: SchedulerDep) -> StatsResponse:
-    """Counters, derived efficiency, queues, workers and recent batches."""
+    """Counters, derived efficiency, queues, workers, recent batches and the strategies."""
     return await stats_view(scheduler.store, scheduler.settings, scheduler.clock(),
-                            scheduler.auto)
+                            scheduler.auto, await scheduler.strategy_stats())
 
 
 @router.get("/metrics", response_class=PlainTextResponse, dependencies=[ReaderRole],
