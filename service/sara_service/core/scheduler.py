@@ -88,6 +88,9 @@ class Scheduler:
         self.selection = selection_for(settings, store, self.planner, rng)
         self.draws = self.selection.draws
         self.sizing = sizing_for(settings, self.planner)
+        # how posteriors learn: fixed by the settings, so built once, not on every report
+        self._learning = Learning(settings.prior_alpha, settings.prior_beta,
+                                  settings.posterior_decay, settings.posterior_half_life)
         self._known_levels: set[str] = set()  # levels this process has reported or read
         self._warned_non_binary = False  # this process has told the store (the log says it once)
         self._sampling = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
@@ -308,10 +311,8 @@ class Scheduler:
             levels = [str(level_of(r.reward, s.reward_tolerance)) for r in req.results]
         else:
             await self._warn_non_binary(req.results)
-        learning = Learning(s.prior_alpha, s.prior_beta, s.posterior_decay,
-                            s.posterior_half_life)
         applied = await self.store.results.apply(self.clock(), Report(
-            req.worker_id, req.results, successes, learning, s.retention_s,
+            req.worker_id, req.results, successes, self._learning, s.retention_s,
             report_id=req.report_id, report_ttl_s=max(1, math.ceil(s.report_ttl_s)),
             holder_only=holder_only, levels=levels, levels_in_use=self.planner.levels))
         if levels is not None and not self._known_levels.issuperset(levels):
