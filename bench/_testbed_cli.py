@@ -218,7 +218,10 @@ def choose_lrs(args: argparse.Namespace, protocol: Protocol, rec: Recorder, work
 
 
 def seeds_of(args: argparse.Namespace, method: str) -> list[int]:
-    if method in PRINCIPAL or args.secondary_seeds is None:
+    """The test seeds a method runs: the principal ones (``--seeds``) for the principal methods
+    and for the key `recommended` relabels, whose runs it is; ``--secondary-seeds`` for the rest
+    when given."""
+    if method in PRINCIPAL or method == RECOMMENDED or args.secondary_seeds is None:
         return args.seeds
     return args.secondary_seeds
 

@@ -383,7 +383,7 @@ def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
                   runs: list[dict[str, Any]]) -> str:
     """The whole text report after the header: tables, criteria, then one line per run."""
     extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs),
-                         format_trained(runs),
+                         format_bucket_gains(runs, at_ds_budget=True), format_trained(runs),
                          format_arm(arm_summary(runs, "ds_k32", K32_ARM))) if t]
     return "\n\n".join([format_tables(summary, crit), format_runs(runs), *extra])
 
@@ -444,25 +444,51 @@ def _bucket_table(title: str, table: dict[str, dict[str, tuple[float, float]]], 
     return "\n".join(lines)
 
 
-def bucket_gains(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[float, float]]:
-    """Each bucket's held-out accuracy gain from the start to the run's end, mean and 95%
-    half-width over the seeds whose record has ``accuracy_by_bucket``."""
-    per_seed = [{k: last[k] - first[k] for k in last if k in first}
-                for r in runs if r["method"] == method and r.get("accuracy_by_bucket")
-                for first, last in [(r["accuracy_by_bucket"][0], r["accuracy_by_bucket"][-1])]]
+def bucket_gains(runs: list[dict[str, Any]], method: str, at_ds_budget: bool = False
+                 ) -> dict[str, tuple[float, float]]:
+    """Each bucket's held-out accuracy gain from the start to the run's end (or, with
+    `at_ds_budget`, to the rollouts DS spent in the same seed, linear between evaluations: a
+    run longer than DS's is then compared at equal cost), mean and 95% half-width over the seeds
+    whose record has ``accuracy_by_bucket`` (and, at DS's budget, a DS run)."""
+    per_seed = []
+    for r in runs:
+        if r["method"] != method or not r.get("accuracy_by_bucket"):
+            continue
+        first, last = r["accuracy_by_bucket"][0], r["accuracy_by_bucket"][-1]
+        if at_ds_budget:
+            ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+            if ds is None:
+                continue
+            last = _buckets_at(r, ds["curve"][-1]["rollouts"])
+        per_seed.append({k: last[k] - first[k] for k in last if k in first})
     names = sorted({k for gains in per_seed for k in gains})
     return {k: mean_ci([g[k] for g in per_seed if k in g]) for k in names}
 
 
-def format_bucket_gains(runs: list[dict[str, Any]]) -> str:
-    """Where each method's held-out accuracy comes from: its gain per bucket, in points."""
+def _buckets_at(run: dict[str, Any], rollouts: float) -> dict[str, float]:
+    """The run's held-out accuracy per bucket at `rollouts`, linear between its evaluations (its
+    last value past its end)."""
+    points = [(p["rollouts"], acc) for p, acc in zip(run["curve"], run["accuracy_by_bucket"])
+              if acc]
+    found = {}
+    for bucket in points[-1][1]:
+        curve = [(x, acc[bucket]) for x, acc in points if bucket in acc]
+        value = value_at(curve, rollouts)
+        found[bucket] = curve[-1][1] if value is None else value
+    return found
+
+
+def format_bucket_gains(runs: list[dict[str, Any]], at_ds_budget: bool = False) -> str:
+    """Where each method's held-out accuracy comes from: its gain per bucket, in points, to the
+    run's end or (`at_ds_budget`) to DS's rollouts in the same seed."""
     recorded = [r for r in runs if r.get("accuracy_by_bucket")]
     if not recorded:
         return ""
     methods = list(dict.fromkeys(r["method"] for r in recorded))
+    where = "at DS's budget (equal rollouts)" if at_ds_budget else "start to end"
     return _bucket_table(
-        "held-out accuracy gain by bucket, start to end (points, mean ± 95% CI)",
-        {m: bucket_gains(runs, m) for m in methods}, missing="-",
+        f"held-out accuracy gain by bucket, {where} (points, mean ± 95% CI)",
+        {m: bucket_gains(runs, m, at_ds_budget) for m in methods}, missing="-",
         counts=("test problems", recorded[0]["problems_by_bucket"]))
 
 

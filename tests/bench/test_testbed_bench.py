@@ -121,6 +121,23 @@ def test_bucket_gains_are_each_seeds_end_minus_start_per_bucket():
     assert report.format_bucket_gains([_run("ds", 0, [0.4])]) == ""
 
 
+def test_bucket_gains_at_ds_budget_read_a_longer_run_where_ds_stopped():
+    sizes = {"sub3": 400}
+    # DS stops at 1,000 rollouts; SARA runs to 2,000 and gains most after DS's end
+    runs = [_run("ds", 0, [0.4, 0.5], problems_by_bucket=sizes,
+                 accuracy_by_bucket=[{"sub3": 0.10}, {"sub3": 0.30}]),
+            _run("sara", 0, [0.4, 0.5, 0.6], problems_by_bucket=sizes,
+                 accuracy_by_bucket=[{"sub3": 0.10}, {"sub3": 0.20}, {"sub3": 0.70}]),
+            _run("sara", 1, [0.4, 0.5], problems_by_bucket=sizes,   # no DS run in seed 1
+                 accuracy_by_bucket=[{"sub3": 0.10}, {"sub3": 0.90}])]
+    assert report.bucket_gains(runs, "sara")["sub3"][0] == pytest.approx(0.7)   # to each end
+    at_budget = report.bucket_gains(runs, "sara", at_ds_budget=True)
+    assert at_budget["sub3"] == (pytest.approx(0.10), 0.0)     # seed 0 only, at 1,000 rollouts
+    text = report.format_bucket_gains(runs, at_ds_budget=True)
+    assert "at DS's budget" in text.splitlines()[0]
+    assert text.splitlines()[-1].split()[:2] == ["sara", "10.0"]
+
+
 def test_lasting_learning_is_judged_in_standard_errors():
     # 0.40 -> 0.60 rising until the last points, steps 0..160
     slow = _run("ds", 0, [0.40, 0.46, 0.50, 0.53, 0.55, 0.57, 0.58, 0.595, 0.60, 0.60, 0.60,
@@ -322,6 +339,15 @@ def test_recommended_reports_the_recommended_keys_runs_without_running_twice(tmp
     assert calls == [testbed.RECOMMENDED] and again["method"] == testbed.RECOMMENDED
     assert got["curve"] == again["curve"]
     assert testbed.METHODS["recommended"] == testbed.METHODS[testbed.RECOMMENDED]
+
+
+def test_the_recommended_keys_source_runs_on_the_principal_seeds():
+    args = cli.parse_args(["--seeds", "0,1,2,3", "--secondary-seeds", "0,1",
+                           "--methods", f"ds,mopps,{testbed.RECOMMENDED},recommended"])
+    assert testbed.RECOMMENDED not in testbed.PRINCIPAL   # else this test tells nothing
+    assert cli.seeds_of(args, testbed.RECOMMENDED) == [0, 1, 2, 3]
+    assert cli.seeds_of(args, "recommended") == [0, 1, 2, 3]
+    assert cli.seeds_of(args, "mopps") == [0, 1]
 
 
 def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
