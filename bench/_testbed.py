@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _testbed_trained import trained_summary
+from _testbed_trained import busiest_prompts_of, trained_summary
 from sara_service.settings import Settings
 
 # the service's own defaults for flow control and staleness, which the protocol runs under
@@ -186,6 +186,8 @@ def run_one(method: str, seed: int, lr: float, protocol: Protocol, work: Path,
     record = _record(method, seed, lr, split, protocol, stats, history, evals, evaluator, seconds)
     return {**record, "start": warm_start_identity(start), "by_bucket": buckets.counts,
             "bucket_shares": bucket_shares_of(history, buckets.bucket_of),
+            "busiest_prompts": busiest_prompts_of(history, buckets.bucket_of,
+                                                  group_rollouts(method, protocol) or protocol.k),
             "bucket_gains": bucket_gains_of(evals), "evaluation": EVALUATION}
 
 

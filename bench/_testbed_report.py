@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from _stats import first_crossing, mean_ci, value_at
-from _testbed_trained import format_trained
+from _testbed_trained import format_busiest, format_trained
 
 # the Pilot-Commit arm (bench/_testbed.py's K32_ARM): its groups of 4k against DS and GRPO at 4k
 K32_ARM = ("pilot_commit_k32", "ds_k32", "uniform_k32")
@@ -384,6 +384,7 @@ def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
     """The whole text report after the header: tables, criteria, then one line per run."""
     extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs),
                          format_bucket_gains(runs, at_ds_budget=True), format_trained(runs),
+                         format_busiest(runs),
                          format_arm(arm_summary(runs, "ds_k32", K32_ARM))) if t]
     return "\n\n".join([format_tables(summary, crit), format_runs(runs), *extra])
 

@@ -41,6 +41,37 @@ def trained_summary(history: list[dict[str, Any]], k: int,
             "clip_frac_mean": _mean_of(history, "clip_frac")}
 
 
+def busiest_prompts_of(history: list[dict[str, Any]], bucket_of: dict[str, str], k: int,
+                       top: int = 3) -> list[dict[str, Any]]:
+    """The ``top`` prompts that gave the run the most trained groups: each one's id, bucket,
+    groups, their mean successes of ``k`` and the step of its first and last group (which
+    prompts a method keeps coming back to, and when)."""
+    steps: dict[str, list[int]] = {}
+    successes: dict[str, list[float]] = {}
+    for h in history:
+        for pid, reward in zip(h.get("prompt_ids", []), h.get("group_mean_rewards", [])):
+            steps.setdefault(pid, []).append(h["step"])
+            successes.setdefault(pid, []).append(reward * k)
+    ranked = sorted(steps, key=lambda pid: (-len(steps[pid]), pid))[:top]
+    return [{"id": pid, "bucket": bucket_of.get(pid, "other"), "groups": len(steps[pid]),
+             "mean_successes": sum(successes[pid]) / len(successes[pid]),
+             "first_step": min(steps[pid]), "last_step": max(steps[pid])} for pid in ranked]
+
+
+def format_busiest(runs: list[dict[str, Any]]) -> str:
+    """Per method, the buckets of its seeds' busiest prompts and their groups; "" when no run
+    records them."""
+    recorded = [r for r in runs if r.get("busiest_prompts")]
+    if not recorded:
+        return ""
+    lines = ["busiest prompt per seed (bucket: trained groups, mean successes of k)"]
+    for method in dict.fromkeys(r["method"] for r in recorded):
+        cells = [f"{b['bucket']}: {b['groups']}, {b['mean_successes']:.1f}"
+                 for r in recorded if r["method"] == method for b in r["busiest_prompts"][:1]]
+        lines.append(f"{method:<16}" + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def _mean_of(history: list[dict[str, Any]], key: str) -> float | None:
     values = [h[key] for h in history if h.get(key) is not None]
     return sum(values) / len(values) if values else None

@@ -463,6 +463,9 @@ def test_quick_testbed_run_of_each_policy_and_selection(tmp_path):
         # per bucket, beside the curve: one entry a point, over the test split's problems
         assert len(r["accuracy_by_bucket"]) == len(curve)
         assert sum(r["problems_by_bucket"].values()) == result["protocol"]["test_size"]
+        busiest = r["busiest_prompts"][0]       # the prompt that gave the most trained groups
+        assert busiest["groups"] == r["trained"]["most_groups_one_prompt"]
+        assert busiest["bucket"] in r["problems_by_bucket"], busiest
         if method == "ds":
             # DS learns within the quick budget (seed 7, four runs: 38.3 -> 48.0-53.3%)
             assert curve[-1]["accuracy"] > curve[0]["accuracy"] + 0.05, curve

@@ -58,3 +58,19 @@ def test_the_table_gives_each_methods_figures_over_its_seeds():
     assert [r.split()[0] for r in rows] == ["ds", "sara_dps"]
     assert "40 ± 0" in rows[1] and rows[0].rstrip().endswith("-")
     assert trained.format_trained([{"method": "ds", "seed": 0}]) == ""
+
+
+def test_the_busiest_prompts_with_their_bucket_groups_and_steps():
+    history = [_step(1, ["a", "b"], [0.25, 0.75]), _step(2, ["a", "c"], [0.5, 0.5]),
+               _step(5, ["a", "b"], [0.75, 0.25])]
+    busiest = trained.busiest_prompts_of(history, {"a": "sub3", "b": "add4"}, k=4, top=2)
+    assert busiest == [
+        {"id": "a", "bucket": "sub3", "groups": 3, "mean_successes": pytest.approx(2.0),
+         "first_step": 1, "last_step": 5},
+        {"id": "b", "bucket": "add4", "groups": 2, "mean_successes": pytest.approx(2.0),
+         "first_step": 1, "last_step": 5}]
+    assert trained.busiest_prompts_of(history, {}, k=4, top=3)[2]["bucket"] == "other"
+    runs = [{"method": "sara", "busiest_prompts": busiest}, {"method": "ds"}]
+    lines = trained.format_busiest(runs).splitlines()
+    assert lines[1].split() == ["sara", "sub3:", "3,", "2.0"] and len(lines) == 2
+    assert trained.format_busiest([{"method": "ds"}]) == ""
