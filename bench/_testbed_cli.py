@@ -94,6 +94,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "sara_demo.testbed --out DIR (default: the shipped one)")
     p.add_argument("--work", default=None, help="scratch directory")
     p.add_argument("--fresh", action="store_true", help="ignore PREFIX.runs.jsonl")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: write the report from the runs PREFIX.runs.jsonl holds, "
+                        "leaving out (and naming) the seeds not recorded yet")
     args = p.parse_args(argv)
     unknown = [m for m in args.methods.split(",") if m not in METHODS]
     if unknown:
@@ -117,6 +120,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--others-budget must be at least 1 (DS's budget)")
     if args.work_floor is not None and not 1.0 <= args.work_floor <= 16.0:
         p.error("--work-floor must be between 1 and 16")
+    if args.report_only and (args.fresh or len(args.lr_grid) > 1
+                             and set(args.methods.split(",")) - set(args.lr)):
+        p.error("--report-only reads recorded test runs: give one rate (--lr-grid with one "
+                "value, or --lr for every method), and not --fresh")
     if set(args.lr) - set(METHODS):
         p.error(f"--lr names unknown methods {sorted(set(args.lr) - set(METHODS))}")
     args.methods = list(dict.fromkeys(["ds", *args.methods.split(",")]))  # targets need DS
@@ -250,10 +257,27 @@ def main(argv: list[str]) -> int:
     chosen = choose_lrs(args, protocol, rec, work)
     jobs = [(m, s) for s in sorted({s for m in args.methods for s in seeds_of(args, m)})
             for m in args.methods if s in seeds_of(args, m)]
-    runs = [rec.run(m, s, chosen[m]["lr"], "test", protocol, work, f"[{i}/{len(jobs)}]")
-            for i, (m, s) in enumerate(jobs, 1)]
+    if args.report_only:
+        runs = recorded_runs(rec, jobs, chosen, protocol)
+    else:
+        runs = [rec.run(m, s, chosen[m]["lr"], "test", protocol, work, f"[{i}/{len(jobs)}]")
+                for i, (m, s) in enumerate(jobs, 1)]
     write_outputs(prefix, args, argv, protocol, runs, chosen, time.perf_counter() - started)
     return 0
+
+
+def recorded_runs(rec: Recorder, jobs: list[tuple[str, int]], chosen: dict[str, Any],
+                  protocol: Protocol) -> list[dict[str, Any]]:
+    """The test runs of `jobs` already recorded; the missing ones are named on stderr (SystemExit
+    when DS has none: nothing could be compared)."""
+    found = {(m, s): rec.find(m, s, chosen[m]["lr"], "test", protocol) for m, s in jobs}
+    missing = [f"{m} seed {s}" for (m, s), run in found.items() if run is None]
+    if missing:
+        say(f"not recorded yet, left out of the report: {', '.join(missing)}")
+    runs = [run for run in found.values() if run is not None]
+    if not any(r["method"] == "ds" for r in runs):
+        raise SystemExit("--report-only: no recorded DS run under this protocol and warm start")
+    return runs
 
 
 def write_outputs(prefix: Path, args: argparse.Namespace, argv: list[str], protocol: Protocol,

@@ -350,6 +350,33 @@ def test_the_recommended_keys_source_runs_on_the_principal_seeds():
     assert cli.seeds_of(args, "mopps") == [0, 1]
 
 
+def test_report_only_writes_the_recorded_runs_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    protocol = testbed.Protocol()
+    shipped = testbed.warm_start_identity(verified_testbed())
+    recorded = [_run(m, seed, [0.4, 0.5, 0.6], lr=3e-4, protocol=testbed.asdict(protocol),
+                     start=shipped) for m, seed in (("ds", 0), ("ds", 1), ("sara", 0))]
+    (tmp_path / "t.runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recorded))
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("--report-only ran a run")
+
+    monkeypatch.setattr(cli, "run_one", no_run)
+    monkeypatch.setattr(cli, "chart", lambda runs, path: False)
+    argv = ["--methods", "ds,sara,mopps", "--seeds", "0,1", "--lr-grid", "3e-4",
+            "--out", str(tmp_path / "t"), "--report-only"]
+    assert cli.main(argv) == 0
+    said = capsys.readouterr()
+    assert "left out of the report: mopps seed 0, sara seed 1, mopps seed 1" in said.out + said.err
+    result = json.loads((tmp_path / "t.json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in result["runs"]) == [
+        ("ds", 0), ("ds", 1), ("sara", 0)]
+    with pytest.raises(SystemExit):    # a grid would need validation runs
+        cli.parse_args(["--lr-grid", "1e-4,3e-4", "--report-only"])
+    (tmp_path / "t.runs.jsonl").write_text(json.dumps(recorded[2]) + "\n")
+    with pytest.raises(SystemExit, match="no recorded DS run"):
+        cli.main(argv)
+
+
 def test_runs_from_another_warm_start_are_not_taken_as_done(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(verified_testbed(), other)
