@@ -523,7 +523,8 @@ def format_criteria(crit: dict[str, Any]) -> str:
 
 
 def chart(runs: list[dict[str, Any]], path: Path) -> bool:
-    """Accuracy against rollouts (one line per run) and the probe's saturation under uniform."""
+    """Accuracy against rollouts (one line per run) and, where uniform ran, the probe's
+    saturation under it."""
     try:
         import matplotlib
 
@@ -531,7 +532,11 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    probed = [r for r in runs if r["method"] == "uniform"]   # the probe panel is uniform's
+    if probed:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    else:
+        fig, left = plt.subplots(1, 1, figsize=(8, 5))
     # tab10's distinct hues but its gray (the probe panel's), then tab20's paler ones, then
     # tab20b's: the league has some two dozen keys
     palette = [c for i, c in enumerate(plt.cm.tab10.colors) if i != 7] + \
@@ -546,19 +551,19 @@ def chart(runs: list[dict[str, Any]], path: Path) -> bool:
         grid, mean = mean_curve(mine)
         left.plot(grid, mean, color=colors[method], lw=1.8,
                   label=f"{mine[0]['label']} (mean of {len(mine)})")
-    for r in runs:
-        if r["method"] == "uniform":
-            right.plot([p["steps"] for p in r["curve"]],
-                       [100 * (p["frac_all_fail"] + p["frac_all_success"]) for p in r["curve"]],
-                       color="tab:gray", lw=1)
+    for r in probed:
+        right.plot([p["steps"] for p in r["curve"]],
+                   [100 * (p["frac_all_fail"] + p["frac_all_success"]) for p in r["curve"]],
+                   color="tab:gray", lw=1)
     left.set(xlabel="rollouts spent", ylabel="held-out greedy accuracy (%)",
              title="accuracy per rollout: every run, and each method's mean")
     left.legend(fontsize=7, loc="lower right")
     left.grid(alpha=0.3)
-    right.axhline(30, color="tab:red", ls="--", lw=1)
-    right.set(xlabel="optimizer step", ylabel="saturated probe groups (%)", ylim=(0, 100),
-              title="uniform: all-fail + all-success groups (k-sample probe)")
-    right.grid(alpha=0.3)
+    if probed:
+        right.axhline(30, color="tab:red", ls="--", lw=1)
+        right.set(xlabel="optimizer step", ylabel="saturated probe groups (%)", ylim=(0, 100),
+                  title="uniform: all-fail + all-success groups (k-sample probe)")
+        right.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -428,24 +428,21 @@ def test_a_run_is_matched_on_the_split_it_read_not_the_other_splits_size(tmp_pat
         assert rec.find("ds", 0, 1e-4, split, testbed.Protocol(test_size=8000, k=4)) is None
 
 
-def test_the_recorded_command_finds_every_run_of_the_recording():
-    # the recorded bench/results/testbed.* is the defaults' protocol and grid but for its
-    # methods stopping at DS's budget (recorded before others_budget), so its documented command
-    # resumes it instead of running it again
-    path = BENCH / "results" / "testbed.runs.jsonl"
-    runs = [json.loads(line) for line in path.read_text().splitlines()]
-    protocol = cli.protocol_of(cli.parse_args(["--others-budget", "1"]))
-    assert protocol == dataclasses.replace(cli.protocol_of(cli.parse_args([])), others_budget=1.0)
-    rec = cli.Recorder(path, fresh=False)
-    for run in runs:
+@pytest.mark.parametrize("name", ["testbed", "testbed_k16"])
+def test_the_recorded_command_finds_every_run_of_the_recording(name):
+    # the recording's own command (its argv) resumes it: every run it reports is found in its
+    # runs file under the protocol that command gives, so rerunning it runs nothing
+    recording = json.loads((BENCH / "results" / f"{name}.json").read_text())
+    args = cli.parse_args(recording["argv"])
+    assert args.out == f"bench/results/{name}" and not args.report_only
+    protocol = cli.protocol_of(args)
+    assert dataclasses.asdict(protocol) == recording["protocol"]
+    rec = cli.Recorder(BENCH / "results" / f"{name}.runs.jsonl", fresh=False)
+    jobs = {(m, s) for m in args.methods for s in cli.seeds_of(args, m)}
+    assert {(r["method"], r["seed"]) for r in recording["runs"]} == jobs
+    for run in recording["runs"]:
         assert rec.find(run["method"], run["seed"], run["lr"], run["split"], protocol) is not None, \
             (run["method"], run["seed"], run["lr"], run["split"])
-    grid = sorted(cli.parse_args([]).lr_grid)
-    validated = {}
-    for run in runs:
-        if run["split"] == "validation":
-            validated.setdefault(run["method"], set()).add(run["lr"])
-    assert len(validated) == 9 and all(sorted(lrs) == grid for lrs in validated.values())
 
 
 def test_the_run_record_names_its_warm_start():
@@ -597,3 +594,13 @@ def test_a_run_records_its_buckets_shares_and_gains():
     evals = [{"accuracy_by_bucket": {"add1": 0.5, "sub3": 0.2}}, {},
              {"accuracy_by_bucket": {"add1": 0.75, "sub3": 0.1}}]
     assert testbed.bucket_gains_of(evals) == {"add1": 0.25, "sub3": pytest.approx(-0.1)}
+
+
+def test_the_chart_has_the_probe_panel_only_where_uniform_ran(tmp_path):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    width = {}
+    for name, methods in (("with", ("ds", "uniform")), ("without", ("ds", "sara"))):
+        runs = [_run(m, 0, [0.3, 0.4, 0.5]) for m in methods]
+        assert report.chart(runs, tmp_path / f"{name}.png")
+        width[name] = plt.imread(tmp_path / f"{name}.png").shape[1]
+    assert width["without"] < width["with"]     # one panel (8 in) against two (13 in)
