@@ -383,7 +383,8 @@ def format_report(summary: list[dict[str, Any]], crit: dict[str, Any],
                   runs: list[dict[str, Any]]) -> str:
     """The whole text report after the header: tables, criteria, then one line per run."""
     extra = [t for t in (format_bucket_shares(runs), format_bucket_gains(runs),
-                         format_bucket_gains(runs, at_ds_budget=True), format_trained(runs),
+                         format_bucket_gains(runs, at_ds_budget=True), format_at_ds_budget(runs),
+                         format_trained(runs),
                          format_busiest(runs),
                          format_arm(arm_summary(runs, "ds_k32", K32_ARM))) if t]
     return "\n\n".join([format_tables(summary, crit), format_runs(runs), *extra])
@@ -491,6 +492,49 @@ def format_bucket_gains(runs: list[dict[str, Any]], at_ds_budget: bool = False) 
         f"held-out accuracy gain by bucket, {where} (points, mean ± 95% CI)",
         {m: bucket_gains(runs, m, at_ds_budget) for m in methods}, missing="-",
         counts=("test problems", recorded[0]["problems_by_bucket"]))
+
+
+def at_ds_budget(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[float, float]]:
+    """What a method's groups cost, per seed with a DS run, mean and 95% half-width: its
+    optimizer steps at the rollouts DS spent (× DS's steps; a step is B trained groups, so this
+    is trained groups per rollout against DS's), rollouts per trained group there, the share of
+    the groups it opened that were trained, and its passes through the pool (``pool_revisits``,
+    counted against the pool size asked)."""
+    figures: dict[str, list[float]] = {"steps_x_ds": [], "rollouts_per_group": [],
+                                       "trained_share": [], "revisits": []}
+    for r in runs:
+        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        if r["method"] != method or ds is None:
+            continue
+        budget = ds["curve"][-1]["rollouts"]
+        steps = value_at([(p["rollouts"], p["steps"]) for p in r["curve"]], budget)
+        steps = r["curve"][-1]["steps"] if steps is None else steps
+        figures["steps_x_ds"].append(steps / ds["curve"][-1]["steps"])
+        figures["rollouts_per_group"].append(budget / (r["protocol"]["batch_groups"] * steps))
+        if r.get("trained") and r.get("groups_opened"):
+            figures["trained_share"].append(r["trained"]["groups"] / r["groups_opened"])
+        figures["revisits"].append(r["pool_revisits"])
+    return {name: mean_ci(values) for name, values in figures.items() if values}
+
+
+def format_at_ds_budget(runs: list[dict[str, Any]]) -> str:
+    """The table of `at_ds_budget` for every method with a DS run in its seeds."""
+    methods = [m for m in dict.fromkeys(r["method"] for r in runs) if at_ds_budget(runs, m)]
+    if not methods:
+        return ""
+    columns = (("steps_x_ds", "steps x DS", 1, ".2f"), ("rollouts_per_group", "rollouts/group",
+               1, ".1f"), ("trained_share", "trained/opened %", 100, ".1f"),
+               ("revisits", "pool passes", 1, ".1f"))
+    head = f"{'method':<18}" + "".join(f"{label:>18}" for _, label, _, _ in columns)
+    lines = ["at DS's budget in the same seed (mean ± 95% CI): optimizer steps x DS's, rollouts per "
+             "trained group; over the whole run: the share of opened groups trained, pool passes",
+             head, "-" * len(head)]
+    for m in methods:
+        cells = at_ds_budget(runs, m)
+        lines.append(f"{m:<18}" + "".join(
+            f"{_ci(cells[name], scale, fmt) if name in cells else '-':>18}"
+            for name, _, scale, fmt in columns))
+    return "\n".join(lines)
 
 
 def _saturation_line(crit: dict[str, Any], flag: Callable[[bool], str]) -> str:

@@ -604,3 +604,21 @@ def test_the_chart_has_the_probe_panel_only_where_uniform_ran(tmp_path):
         assert report.chart(runs, tmp_path / f"{name}.png")
         width[name] = plt.imread(tmp_path / f"{name}.png").shape[1]
     assert width["without"] < width["with"]     # one panel (8 in) against two (13 in)
+
+
+def test_at_ds_budget_reads_steps_and_group_price_where_ds_stopped():
+    # _run: 1,000 rollouts and 10 steps an evaluation; DS stops at 2,000 (20 steps)
+    protocol = {"batch_groups": 4}
+    ds = _run("ds", 0, [0.4, 0.5, 0.6], protocol=protocol, trained={"groups": 80},
+              groups_opened=400)
+    sara = _run("sara", 0, [0.4, 0.5, 0.6, 0.7], protocol=protocol, trained={"groups": 150},
+                groups_opened=1000, step=1000)
+    sara["curve"][2]["steps"] = 25                # 25 steps at DS's 2,000 rollouts
+    figures = report.at_ds_budget([ds, sara], "sara")
+    assert figures["steps_x_ds"][0] == pytest.approx(25 / 20)
+    assert figures["rollouts_per_group"][0] == pytest.approx(2000 / (4 * 25))
+    assert figures["trained_share"][0] == pytest.approx(0.15)
+    assert report.at_ds_budget([sara], "sara") == {}           # no DS run in its seed
+    rows = report.format_at_ds_budget([ds, sara]).splitlines()
+    assert rows[3].split()[:4] == ["ds", "1.00", "±", "0.00"]
+    assert rows[4].split()[:2] == ["sara", "1.25"]
