@@ -510,7 +510,8 @@ def at_ds_budget(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[flo
         steps = value_at([(p["rollouts"], p["steps"]) for p in r["curve"]], budget)
         steps = r["curve"][-1]["steps"] if steps is None else steps
         figures["steps_x_ds"].append(steps / ds["curve"][-1]["steps"])
-        figures["rollouts_per_group"].append(budget / (r["protocol"]["batch_groups"] * steps))
+        if r.get("protocol") and steps:   # a record without its protocol has no batch size
+            figures["rollouts_per_group"].append(budget / (r["protocol"]["batch_groups"] * steps))
         if r.get("trained") and r.get("groups_opened"):
             figures["trained_share"].append(r["trained"]["groups"] / r["groups_opened"])
         figures["revisits"].append(r["pool_revisits"])
