@@ -38,8 +38,13 @@ def final_accuracy(run: dict[str, Any]) -> float:
     return sum(p["accuracy"] for p in tail) / len(tail)
 
 
+def ds_run(runs: list[dict[str, Any]], seed: int) -> dict[str, Any] | None:
+    """DS's run on `seed`, the reference every ratio in the report is taken against."""
+    return next((r for r in runs if r["method"] == "ds" and r["seed"] == seed), None)
+
+
 def targets(runs: list[dict[str, Any]], seed: int) -> dict[str, float] | None:
-    ds = next((r for r in runs if r["method"] == "ds" and r["seed"] == seed), None)
+    ds = ds_run(runs, seed)
     if ds is None:
         return None
     final, start = final_accuracy(ds), ds["curve"][0]["accuracy"]
@@ -111,7 +116,7 @@ def censored_ratio(runs: list[dict[str, Any]], mine: list[dict[str, Any]], name:
     ratios, missed = [], 0
     for r in mine:
         t = targets(runs, r["seed"])
-        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        ds = ds_run(runs, r["seed"])
         base = cost_to(ds, t[name], "rollouts") if t and ds else None
         if not base:
             continue
@@ -247,7 +252,7 @@ def final_against_ds(runs: list[dict[str, Any]], method: str, points: float
     above -points."""
     gaps = []
     for r in runs:
-        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        ds = ds_run(runs, r["seed"])
         if r["method"] == method and ds is not None:
             gaps.append(accuracy_at_ds_end(r, ds) - final_accuracy(ds))
     if not gaps:
@@ -268,7 +273,7 @@ def busiest_against_ds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     worst: dict[str, float] = {}
     per_group: dict[str, float] = {}
     for r in runs:
-        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        ds = ds_run(runs, r["seed"])
         mine, base = (x.get("trained") or {} for x in (r, ds or {}))
         if r["method"] == "ds" or not (mine.get("most_groups_one_prompt")
                                        and base.get("most_groups_one_prompt")):
@@ -398,7 +403,7 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
     for r in sorted(runs, key=lambda r: (r["method"], r["seed"])):
         t = targets(runs, r["seed"])
         spent = cost_to(r, t["ds_final"], "rollouts") if t else None
-        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        ds = ds_run(runs, r["seed"])
         base = cost_to(ds, t["ds_final"], "rollouts") if t and ds else None
         ratio = f"{spent / base:.2f}" if spent is not None and base else "-"
         lines.append(f"{r['label']:<24}{r['seed']:>5}{r['lr']:>8g}{r['steps']:>7}"
@@ -458,7 +463,7 @@ def bucket_gains(runs: list[dict[str, Any]], method: str, at_ds_budget: bool = F
             continue
         first, last = r["accuracy_by_bucket"][0], r["accuracy_by_bucket"][-1]
         if at_ds_budget:
-            ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+            ds = ds_run(runs, r["seed"])
             if ds is None:
                 continue
             last = _buckets_at(r, ds["curve"][-1]["rollouts"])
@@ -503,7 +508,7 @@ def at_ds_budget(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[flo
     figures: dict[str, list[float]] = {"steps_x_ds": [], "rollouts_per_group": [],
                                        "trained_share": [], "revisits": []}
     for r in runs:
-        ds = next((d for d in runs if d["method"] == "ds" and d["seed"] == r["seed"]), None)
+        ds = ds_run(runs, r["seed"])
         if r["method"] != method or ds is None:
             continue
         budget = ds["curve"][-1]["rollouts"]
@@ -520,8 +525,9 @@ def at_ds_budget(runs: list[dict[str, Any]], method: str) -> dict[str, tuple[flo
 
 def format_at_ds_budget(runs: list[dict[str, Any]]) -> str:
     """The table of `at_ds_budget` for every method with a DS run in its seeds."""
-    methods = [m for m in dict.fromkeys(r["method"] for r in runs) if at_ds_budget(runs, m)]
-    if not methods:
+    table = {m: cells for m in dict.fromkeys(r["method"] for r in runs)
+             if (cells := at_ds_budget(runs, m))}
+    if not table:
         return ""
     columns = (("steps_x_ds", "steps x DS", 1, ".2f"), ("rollouts_per_group", "rollouts/group",
                1, ".1f"), ("trained_share", "trained/opened %", 100, ".1f"),
@@ -530,8 +536,7 @@ def format_at_ds_budget(runs: list[dict[str, Any]]) -> str:
     lines = ["at DS's budget in the same seed (mean ± 95% CI): optimizer steps x DS's, rollouts per "
              "trained group; over the whole run: the share of opened groups trained, pool passes",
              head, "-" * len(head)]
-    for m in methods:
-        cells = at_ds_budget(runs, m)
+    for m, cells in table.items():
         lines.append(f"{m:<18}" + "".join(
             f"{_ci(cells[name], scale, fmt) if name in cells else '-':>18}"
             for name, _, scale, fmt in columns))
